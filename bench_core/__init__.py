@@ -1,0 +1,13 @@
+"""bench_core: GPU-correct timing, baselines, a statistical gate and correctness-from-a-saved-state."""
+
+__version__ = "0.1.0"
+
+from .errors import BenchError, InvalidRecord, ScenarioError, StorageError  # noqa: E402
+from .scenario import STAGES, Scenario  # noqa: E402
+from .records import ColdStart, Measurement, Memory  # noqa: E402
+from .measure import measure  # noqa: E402
+
+__all__ = [
+    "__version__", "BenchError", "InvalidRecord", "ScenarioError", "StorageError",
+    "STAGES", "Scenario", "ColdStart", "Measurement", "Memory", "measure",
+]

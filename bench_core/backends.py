@@ -1,0 +1,97 @@
+"""Where the work runs: how to synchronize, how GPU time is taken, what memory can be observed.
+
+The CUDA backend takes the `torch.cuda` module as an argument, so tests drive it with a fake
+module (fake events, fake synchronize, fake memory statistics) and its logic is covered on the CPU.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from .records import Memory
+
+
+class Backend(Protocol):
+    kind: str
+
+    def synchronize(self) -> None: ...
+    def event(self) -> Any | None: ...
+    def elapsed_ms(self, start: Any, end: Any) -> float: ...
+    def memory_begin(self) -> None: ...
+    def memory_end(self) -> Memory: ...
+
+
+class CpuBackend:
+    """Work on the CPU finishes when the call returns: nothing to wait for, no GPU clock, no allocator stats."""
+
+    kind = "cpu"
+
+    def synchronize(self) -> None:
+        return None
+
+    def event(self) -> None:
+        return None
+
+    def elapsed_ms(self, start, end) -> float:  # pragma: no cover - never called without events
+        raise RuntimeError("the CPU backend has no events")
+
+    def memory_begin(self) -> None:
+        return None
+
+    def memory_end(self) -> Memory:
+        return Memory()  # not observed: all None
+
+
+class CudaBackend:
+    """CUDA timing through events on the current stream, memory from the caching allocator's statistics."""
+
+    kind = "cuda"
+
+    def __init__(self, cuda: Any = None, device: int | None = None):
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda
+        self.cuda = cuda
+        self.device = device
+        self._start_stats: dict = {}
+
+    def synchronize(self) -> None:
+        self.cuda.synchronize(self.device)
+
+    def event(self):
+        ev = self.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def elapsed_ms(self, start, end) -> float:
+        return float(start.elapsed_time(end))
+
+    def memory_begin(self) -> None:
+        self.cuda.reset_peak_memory_stats(self.device)
+        self._start_stats = dict(self.cuda.memory_stats(self.device))
+
+    def memory_end(self) -> Memory:
+        end = dict(self.cuda.memory_stats(self.device))
+
+        def delta(key):
+            if key not in end:
+                return None  # this build does not report it: not observed
+            return max(0, int(end[key]) - int(self._start_stats.get(key, 0)))
+
+        def peak(key):
+            return int(end[key]) if key in end else None
+
+        return Memory(
+            peak_allocated_bytes=peak("allocated_bytes.all.peak"),
+            peak_reserved_bytes=peak("reserved_bytes.all.peak"),
+            device_allocs=delta("num_device_alloc"),
+            alloc_retries=delta("num_alloc_retries"),
+        )
+
+
+def backend_for(device: str, cuda: Any = None) -> Backend:
+    if device == "cpu":
+        return CpuBackend()
+    if device == "cuda":
+        return CudaBackend(cuda)
+    raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")

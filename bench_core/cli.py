@@ -1,0 +1,70 @@
+"""Command line without pytest: `python -m bench_core compare BASELINE NEW`.
+
+Exit status: 0 nothing regressed, 1 something regressed (or is incomparable), 2 unusable input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .compare import INCOMPARABLE, SLOWER, GateConfig, compare_sets
+from .errors import BenchError
+from .report import comparison_table
+from . import storage
+
+EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _resolve(arg: str, baselines: Path) -> Path:
+    p = Path(arg)
+    if p.suffix == ".json" or p.exists():
+        return p
+    return storage.baseline_path(baselines, arg)  # a bare name means a stored baseline
+
+
+def cmd_compare(ns) -> int:
+    try:
+        gate = GateConfig(alpha=ns.alpha, threshold=ns.threshold, run_noise=ns.run_noise, adjust=ns.adjust,
+                          allow_env_mismatch=ns.allow_env_mismatch)
+        base = storage.by_scenario(storage.load_runs(_resolve(ns.baseline, Path(ns.baselines))))
+        new = storage.by_scenario(storage.load_runs(_resolve(ns.new, Path(ns.baselines))))
+    except (BenchError, ValueError) as exc:
+        print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    comps = compare_sets(base, new, gate)
+    if ns.json:
+        print(json.dumps([c.to_dict() for c in comps], indent=1))
+    else:
+        print(comparison_table(comps, ns.adjust, gate.alpha))
+    bad = [c for c in comps if c.verdict in (SLOWER, INCOMPARABLE)]
+    return EXIT_REGRESSED if bad else EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench_core", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compare", help="compare NEW against BASELINE (files, or names under --baselines)")
+    c.add_argument("baseline")
+    c.add_argument("new")
+    c.add_argument("--baselines", default="baselines")
+    d = GateConfig()
+    c.add_argument("--alpha", type=float, default=d.alpha)
+    c.add_argument("--threshold", type=float, default=d.threshold)
+    c.add_argument("--run-noise", type=float, default=d.run_noise)
+    c.add_argument("--adjust", choices=("holm", "bonferroni", "bh"), default=d.adjust)
+    c.add_argument("--allow-env-mismatch", action="store_true")
+    c.add_argument("--json", action="store_true", help="print the comparisons as JSON")
+    c.set_defaults(func=cmd_compare)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    try:
+        ns = ap.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage, which is our "unusable input" too
+        return int(exc.code or 0)
+    return ns.func(ns)

@@ -1,0 +1,214 @@
+"""The regression decision: a candidate's runs against a baseline's runs, as a pure function.
+
+Model. On a shared machine the level of a whole run drifts (we measured ~5% run-to-run on the CPU)
+far more than the median wobbles inside a run, so the unit of evidence is the run, not the sample.
+Each run contributes log(median); the change is d = mean(candidate logs) - mean(baseline logs) and
+ratio = exp(d). The run-to-run variance tau^2 is estimated from the runs on both sides, pooled with
+a prior (`run_noise`, worth `prior_runs` runs of evidence) so a baseline of one run still gets an
+honest, wide interval instead of a falsely narrow one. A t-test on d gives p and the interval.
+
+Verdicts:
+  slower / faster   significant after the family adjustment AND the ratio beyond the noise threshold
+  unchanged         not significant and the 95% interval inside +-2x the threshold, or significant
+                    but smaller than the threshold
+  inconclusive      too little data or too much noise to tell
+  incomparable      the environments or the scenarios differ (what differs is listed)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy import stats as _st
+
+from .environment import differences
+from .records import Measurement
+from .scenario import thaw
+from .stats import adjust_pvalues, median_log_se
+
+SLOWER, FASTER, UNCHANGED, INCONCLUSIVE, INCOMPARABLE = (
+    "slower", "faster", "unchanged", "inconclusive", "incomparable",
+)
+VERDICTS = (SLOWER, FASTER, UNCHANGED, INCONCLUSIVE, INCOMPARABLE)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    alpha: float = 0.01            # family-wise significance level
+    threshold: float = 0.05        # default noise threshold; a scenario may set its own
+    run_noise: float = 0.05        # prior run-to-run relative spread (measured ~5% here on the CPU)
+    prior_runs: float = 4.0        # how many runs of evidence the prior is worth
+    adjust: str = "holm"           # holm | bonferroni | bh
+    confidence: float = 0.95
+    allow_env_mismatch: bool = False
+
+    def __post_init__(self):
+        for name, lo, hi in (("alpha", 0, 0.5), ("threshold", 0, 1), ("run_noise", 0, 1), ("confidence", 0.5, 1)):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or not lo < v < hi:
+                if not (name == "threshold" and v == 0):
+                    raise ValueError(f"gate setting {name} must lie in ({lo}, {hi}), got {v!r}")
+        if not self.prior_runs > 0:
+            raise ValueError("gate setting prior_runs must be > 0")
+        if self.adjust not in ("holm", "bonferroni", "bh"):
+            raise ValueError(f"gate setting adjust must be holm, bonferroni or bh, got {self.adjust!r}")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    verdict: str
+    reason: str
+    threshold: float
+    baseline_median: float | None = None
+    candidate_median: float | None = None
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None           # hierarchical test, before adjustment
+    p_adjusted: float | None = None
+    mw_p_value: float | None = None        # Mann-Whitney U on pooled samples (within-run evidence only)
+    effect: float | None = None            # Cliff's delta: P(cand > base) - P(cand < base)
+    baseline_runs: int = 0
+    candidate_runs: int = 0
+    timer: str | None = None
+    differences: Mapping = field(default_factory=dict)
+    df: float | None = None
+    se: float | None = None
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["differences"] = {k: list(v) for k, v in self.differences.items()}
+        return d
+
+
+def _scenario_differences(base: Measurement, cand: Measurement) -> dict:
+    diffs = {}
+    for attr in ("device", "mode", "timer"):
+        a, b = getattr(base, attr), getattr(cand, attr)
+        if a != b:
+            diffs[attr] = (a, b)
+    if base.scenario.window != cand.scenario.window:
+        diffs["window"] = (list(base.scenario.window), list(cand.scenario.window))
+    bm, cm = thaw(base.scenario.metadata), thaw(cand.scenario.metadata)
+    for key in sorted(set(bm) | set(cm)):
+        if bm.get(key) != cm.get(key):
+            diffs[f"metadata.{key}"] = (bm.get(key), cm.get(key))
+    return diffs
+
+
+def _mw_min_p(n1: int, n2: int) -> float:
+    """Smallest two-sided p a Mann-Whitney test can reach with these sizes (complete separation)."""
+    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+
+
+def compare_runs(
+    name: str,
+    baseline: Sequence[Measurement],
+    candidate: Sequence[Measurement],
+    config: GateConfig = GateConfig(),
+) -> Comparison:
+    """Compare one scenario; the p-value is unadjusted (see `decide_family`)."""
+    if not baseline or not candidate:
+        side = "baseline" if not baseline else "current run"
+        return Comparison(name, INCONCLUSIVE, f"scenario missing from the {side}", config.threshold)
+    scen_thr = candidate[-1].scenario.noise_threshold
+    thr = config.threshold if scen_thr is None else scen_thr
+    base_ref, cand_ref = baseline[0], candidate[-1]
+    diffs = {}
+    for b in baseline:
+        diffs.update(differences(b.environment, cand_ref.environment))
+        diffs.update(_scenario_differences(b, cand_ref))
+    common = dict(name=name, threshold=thr, baseline_runs=len(baseline), candidate_runs=len(candidate),
+                  timer=cand_ref.timer, differences=diffs)
+    if diffs and not config.allow_env_mismatch:
+        what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diffs.items())
+        return Comparison(verdict=INCOMPARABLE, reason=f"differs: {what}", **common)
+
+    b_meds = np.array([m.summary.median for m in baseline])
+    c_meds = np.array([m.summary.median for m in candidate])
+    b_pool = np.concatenate([m.primary_ms for m in baseline])
+    c_pool = np.concatenate([m.primary_ms for m in candidate])
+    common.update(baseline_median=float(np.median(b_pool)), candidate_median=float(np.median(c_pool)))
+    if np.any(b_meds <= 0) or np.any(c_meds <= 0):
+        return Comparison(verdict=INCONCLUSIVE,
+                          reason="a run median is 0 ms (below the timer's resolution): a ratio has no meaning",
+                          **common)
+
+    if np.all(b_pool == b_pool[0]) and np.all(c_pool == c_pool[0]) and b_pool[0] == c_pool[0]:
+        mw_p, effect = 1.0, 0.0  # identical constant samples: no evidence of any change
+    else:
+        u = _st.mannwhitneyu(c_pool, b_pool, alternative="two-sided")
+        mw_p = float(u.pvalue)
+        effect = float(2.0 * u.statistic / (len(c_pool) * len(b_pool)) - 1.0)
+    common.update(mw_p_value=mw_p, effect=effect)
+    if _mw_min_p(len(b_pool), len(c_pool)) > config.alpha:
+        return Comparison(verdict=INCONCLUSIVE,
+                          reason=f"too few samples ({len(b_pool)} vs {len(c_pool)}) to ever reach p < {config.alpha}",
+                          **common)
+
+    b_log, c_log = np.log(b_meds), np.log(c_meds)
+    k, m = len(b_log), len(c_log)
+    within = np.mean([median_log_se(x.primary_ms) ** 2 for x in (*baseline, *candidate)])
+    ss = float(np.sum((b_log - b_log.mean()) ** 2) + np.sum((c_log - c_log.mean()) ** 2))
+    df_data = (k - 1) + (m - 1)
+    prior_var = math.log1p(config.run_noise) ** 2 + within
+    tau2 = (config.prior_runs * prior_var + ss) / (config.prior_runs + df_data)
+    df = config.prior_runs + df_data
+    se = math.sqrt(tau2 * (1.0 / k + 1.0 / m))
+    d = float(c_log.mean() - b_log.mean())
+    p = float(2.0 * _st.t.sf(abs(d) / se, df))
+    q = float(_st.t.ppf(0.5 + config.confidence / 2.0, df))
+    common.update(ratio=math.exp(d), ci_low=math.exp(d - q * se), ci_high=math.exp(d + q * se),
+                  p_value=p, p_adjusted=p, df=df, se=se)
+    return decide(Comparison(verdict=INCONCLUSIVE, reason="", **common), p, config.alpha)
+
+
+def decide(c: Comparison, p_adjusted: float, alpha: float) -> Comparison:
+    """Turn one comparison's adjusted p-value into its verdict. Pure: same input, same verdict."""
+    if c.ratio is None or c.verdict == INCOMPARABLE:
+        return c
+    thr = c.threshold
+    sig = p_adjusted < alpha
+    if sig and c.ratio > 1 + thr:
+        verdict, why = SLOWER, f"significant (p_adj={p_adjusted:.2g} < {alpha}) and {c.ratio - 1:+.1%} beyond the {thr:.0%} threshold"
+    elif sig and c.ratio < 1 / (1 + thr):
+        verdict, why = FASTER, f"significant (p_adj={p_adjusted:.2g} < {alpha}) and {c.ratio - 1:+.1%} beyond the {thr:.0%} threshold"
+    elif sig:
+        verdict, why = UNCHANGED, f"significant but {c.ratio - 1:+.1%} is inside the {thr:.0%} threshold"
+    elif c.ci_low >= 1 / (1 + 2 * thr) and c.ci_high <= 1 + 2 * thr:
+        verdict, why = UNCHANGED, f"no significant change; the interval lies within +-{2 * thr:.0%}"
+    else:
+        verdict, why = INCONCLUSIVE, (
+            f"no significant change, but the interval [{c.ci_low:.3f}, {c.ci_high:.3f}] is too wide to rule out "
+            f"a {2 * thr:.0%} change: add baseline runs (--bench-save NAME --bench-append) or repeats"
+        )
+    return replace(c, verdict=verdict, reason=why, p_adjusted=p_adjusted)
+
+
+def decide_family(comparisons: Sequence[Comparison], config: GateConfig = GateConfig(),
+                  family_size: int | None = None) -> list[Comparison]:
+    """Adjust p-values across scenarios compared together, then decide each verdict.
+
+    `family_size` larger than the list (for decisions taken one test at a time, before the other
+    scenarios have run) makes the adjustment Bonferroni over that many, which never under-corrects.
+    """
+    ps = [c.p_value for c in comparisons]
+    if family_size is not None and family_size > len(comparisons):
+        adj = [None if p is None else min(1.0, p * family_size) for p in ps]
+    else:
+        adj = adjust_pvalues(ps, config.adjust)
+    return [c if a is None else decide(c, a, config.alpha) for c, a in zip(comparisons, adj)]
+
+
+def compare_sets(
+    baseline: Mapping[str, Sequence[Measurement]],
+    candidate: Mapping[str, Sequence[Measurement]],
+    config: GateConfig = GateConfig(),
+) -> list[Comparison]:
+    """Every scenario on either side, compared and decided as one family."""
+    names = list(dict.fromkeys([*baseline.keys(), *candidate.keys()]))
+    raw = [compare_runs(n, baseline.get(n, ()), candidate.get(n, ()), config) for n in names]
+    return decide_family(raw, config)

@@ -1,0 +1,186 @@
+"""pytest plugin: options, the `bench` fixture, per-test gate failures, the end-of-session tables.
+
+A thin shell: everything real lives in bench_core.session and below.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+OPT_GPU = "--gpu"
+OPT_WARMUP = "--bench-warmup"
+OPT_REPEATS = "--bench-repeats"
+OPT_QUICK = "--bench-quick"
+OPT_THREADS = "--bench-threads"
+OPT_OUT = "--bench-out"
+OPT_NO_OUT = "--bench-no-out"
+OPT_SAVE = "--bench-save"
+OPT_APPEND = "--bench-append"
+OPT_COMPARE = "--bench-compare"
+OPT_BASELINES = "--bench-baselines"
+OPT_THRESHOLD = "--bench-threshold"
+OPT_ALPHA = "--bench-alpha"
+OPT_RUN_NOISE = "--bench-run-noise"
+OPT_ALLOW_ENV = "--bench-allow-env-mismatch"
+OPT_PB_JSON = "--bench-pb-json"
+
+_KEY = pytest.StashKey["object"]()
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("bench_core", "bench_core benchmarks")
+    g.addoption(OPT_GPU, action="store_true", help="run scenarios on CUDA; stop at once if CUDA is not available")
+    g.addoption(OPT_WARMUP, type=int, default=None, help="untimed warmup calls per scenario (overrides scenarios)")
+    g.addoption(OPT_REPEATS, type=int, default=None, help="timed samples per scenario (overrides scenarios)")
+    g.addoption(OPT_QUICK, action="store_true", help="smoke run: smallest sizes, 1 warmup, 5 samples")
+    g.addoption(OPT_THREADS, type=int, default=None, help="torch CPU threads (recorded either way)")
+    g.addoption(OPT_OUT, default=".bench/results", help="folder for the session's JSON results (never overwritten)")
+    g.addoption(OPT_NO_OUT, action="store_true", help="write no session JSON")
+    g.addoption(OPT_SAVE, metavar="NAME", default=None, help="store this session as baseline NAME")
+    g.addoption(OPT_APPEND, action="store_true", help="with --bench-save: add this session as another run of NAME")
+    g.addoption(OPT_COMPARE, metavar="NAME", default=None, help="gate every scenario against baseline NAME")
+    g.addoption(OPT_BASELINES, default="baselines", help="folder of stored baselines")
+    g.addoption(OPT_THRESHOLD, type=float, default=None, help="default noise threshold, a fraction (0.05 = 5%%)")
+    g.addoption(OPT_ALPHA, type=float, default=None, help="family-wise significance level of the gate")
+    g.addoption(OPT_RUN_NOISE, type=float, default=None, help="prior run-to-run spread, a fraction")
+    g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
+    g.addoption(OPT_PB_JSON, default=None, help="also write the results in pytest-benchmark's JSON format here")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu_only: the scenario only makes sense on a GPU; skipped without --gpu")
+    if not _active(config):
+        return
+    from bench_core.compare import GateConfig
+    from bench_core.environment import fingerprint
+    from bench_core.errors import BenchError
+    from bench_core.session import BenchSession, SessionConfig
+    from bench_core.devices import cuda_available
+
+    device = "cuda" if config.getoption(OPT_GPU) else "cpu"
+    if device == "cuda" and not cuda_available():
+        raise pytest.UsageError(
+            "--gpu was given but CUDA is not available (no driver, no device, or a CPU-only torch build). "
+            "Refusing to run on the CPU instead: a GPU run must never pass by quietly measuring the CPU."
+        )
+    gate_kw = {k: v for k, v in (("threshold", config.getoption(OPT_THRESHOLD)), ("alpha", config.getoption(OPT_ALPHA)),
+                                 ("run_noise", config.getoption(OPT_RUN_NOISE))) if v is not None}
+    try:
+        gate = GateConfig(allow_env_mismatch=config.getoption(OPT_ALLOW_ENV), **gate_kw)
+        root = Path(str(config.rootpath))
+        scfg = SessionConfig(
+            device=device, warmup=config.getoption(OPT_WARMUP), repeats=config.getoption(OPT_REPEATS),
+            quick=config.getoption(OPT_QUICK), threads=config.getoption(OPT_THREADS),
+            results_dir=None if config.getoption(OPT_NO_OUT) else root / config.getoption(OPT_OUT),
+            baselines_dir=root / config.getoption(OPT_BASELINES), save=config.getoption(OPT_SAVE),
+            append=config.getoption(OPT_APPEND), compare=config.getoption(OPT_COMPARE),
+            pb_json=config.getoption(OPT_PB_JSON), gate=gate,
+        )
+        config.stash[_KEY] = BenchSession(scfg, fingerprint(device, root=str(root)))
+    except (BenchError, ValueError) as exc:
+        raise pytest.UsageError(f"bench_core: {exc}") from None
+
+
+def _active(config) -> bool:
+    # Only sessions that collect benchmarks (or ask for bench options) pay for the fingerprint.
+    return not config.getoption("help", False)
+
+
+def _session(config):
+    return config.stash.get(_KEY, None)
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption(OPT_GPU):
+        return
+    skip = pytest.mark.skip(reason="GPU-only scenario: run with --gpu")
+    for item in items:
+        if "gpu_only" in item.keywords:
+            item.add_marker(skip)
+
+
+class BenchFixture:
+    """What a benchmark sees: the device, the size knob, and `run` to measure its scenario."""
+
+    def __init__(self, session, node):
+        self._session = session
+        self._node = node
+        self.device = session.config.device
+        self.quick = session.config.quick
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    def size(self, cpu, gpu, quick=None):
+        """Pick a size: small on the CPU, realistic on the GPU, smallest in --bench-quick."""
+        if self.quick and quick is not None:
+            return quick
+        return gpu if self.on_gpu else cpu
+
+    def run(self, scenario, fn, **kwargs):
+        from bench_core.errors import ScenarioError
+
+        if scenario.gpu_only and not self.on_gpu:
+            pytest.skip(f"scenario {scenario.name!r} only makes sense on a GPU: run with --gpu")
+        try:
+            m = self._session.run(scenario, fn, **kwargs)
+        except ScenarioError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        s = m.summary
+        self._node.user_properties.append(("bench_median_ms", s.median))
+        self._node.user_properties.append(("bench_n", s.n))
+        c = self._session.gate(m)
+        if c is not None:
+            from bench_core.report import comparison_table
+
+            self._node.user_properties.append(("bench_verdict", c.verdict))
+            if self._session.fails(c):
+                table = comparison_table([c], "bonferroni", self._session.config.gate.alpha)
+                pytest.fail(f"scenario {m.name!r} is {c.verdict} than baseline "
+                            f"{self._session.config.compare!r}: {c.reason}\n{table}", pytrace=False)
+        return m
+
+
+@pytest.fixture
+def bench(request):
+    session = _session(request.config)
+    if session is None:  # pragma: no cover - configure always builds one
+        pytest.skip("bench_core session not configured")
+    return BenchFixture(session, request.node)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    session = _session(config)
+    if session is None or (not session.results and not session.errors):
+        return
+    from bench_core.report import comparison_table, session_table
+
+    tr = terminalreporter
+    tr.section("bench_core results")
+    tr.write_line(session_table(session.results, session.errors))
+    if session.baseline is not None:
+        tr.section(f"bench_core comparison with baseline {session.config.compare!r}")
+        tr.write_line(comparison_table(session.comparisons, "bonferroni over the baseline's scenarios",
+                                       session.config.gate.alpha))
+        missing = session.missing_from_run()
+        if missing:
+            tr.write_line(f"in the baseline but not run now: {', '.join(missing)}")
+    for line in getattr(config, "_bench_stored", []):
+        tr.write_line(line)
+    if getattr(config, "_bench_store_failed", None):
+        tr.write_line(f"bench_core: could not store results: {config._bench_store_failed}", red=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    bench = _session(session.config)
+    if bench is None:
+        return
+    try:
+        session.config._bench_stored = bench.finish()
+    except Exception as exc:  # losing results silently is worse than a red run
+        session.config._bench_store_failed = exc
+        if exitstatus == 0:
+            session.exitstatus = 1

@@ -1,0 +1,198 @@
+"""Immutable result records. They check their values when built, so nothing downstream has to."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+from .errors import InvalidRecord
+from .scenario import Scenario, thaw
+from .stats import Summary, summarize
+
+MODES = ("per_call", "block")
+DEVICES = ("cpu", "cuda")
+
+
+def _check_ms(values: Sequence[float], what: str, scenario: str) -> tuple[float, ...]:
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InvalidRecord(f"scenario {scenario!r}: {what}[{i}] is {v!r}, not a number")
+        if not math.isfinite(v):
+            raise InvalidRecord(f"scenario {scenario!r}: {what}[{i}] is {v}; a timing must be finite")
+        if v < 0:
+            raise InvalidRecord(f"scenario {scenario!r}: {what}[{i}] is {v} ms; a timing cannot be negative")
+        out.append(float(v))
+    return tuple(out)
+
+
+def _opt_ms(v: float | None, what: str, scenario: str) -> float | None:
+    return None if v is None else _check_ms([v], what, scenario)[0]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Device memory over the timed window. None means not observed (e.g. on the CPU), never 0."""
+
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    device_allocs: int | None = None      # cudaMalloc calls made by the caching allocator in the window
+    alloc_retries: int | None = None      # times the allocator freed its cache and retried
+
+    def __post_init__(self):
+        for k, v in self.__dict__.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise InvalidRecord(f"memory figure {k} must be a non-negative integer or None, got {v!r}")
+
+    @property
+    def observed(self) -> bool:
+        return any(v is not None for v in self.__dict__.values())
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """The first observation, kept apart: never averaged into the steady state."""
+
+    first_call_ms: float                 # host, end-to-end, of the first call after setup
+    first_call_gpu_ms: float | None = None
+    load_ms: float | None = None         # a separate `load` step (model construction, state load, move)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Raw per-call samples of one scenario on one device, plus everything needed to interpret them.
+
+    `host_ms` is end-to-end time per call from a host clock read after synchronizing; `gpu_ms` is
+    GPU time per call from CUDA events (None on the CPU). In "block" mode each sample is a block of
+    `block_size` back-to-back calls with one synchronization at the end, divided by `block_size`.
+    """
+
+    scenario: Scenario
+    device: str
+    mode: str
+    block_size: int
+    warmup: int
+    repeats: int
+    host_ms: tuple[float, ...]
+    cold_start: ColdStart
+    gpu_ms: tuple[float, ...] | None = None
+    items: int | None = None
+    threads: int | None = None
+    memory: Memory = field(default_factory=Memory)
+    environment: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        name = self.scenario.name if isinstance(self.scenario, Scenario) else "?"
+        if not isinstance(self.scenario, Scenario):
+            raise InvalidRecord("measurement needs a Scenario record")
+        if self.device not in DEVICES:
+            raise InvalidRecord(f"scenario {name!r}: device must be one of {DEVICES}, got {self.device!r}")
+        if self.mode not in MODES:
+            raise InvalidRecord(f"scenario {name!r}: mode must be one of {MODES}, got {self.mode!r}")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise InvalidRecord(f"scenario {name!r}: block_size must be >= 1")
+        if self.mode == "per_call" and self.block_size != 1:
+            raise InvalidRecord(f"scenario {name!r}: per_call mode has block_size 1")
+        host = _check_ms(self.host_ms, "host_ms", name)
+        if len(host) < 2:
+            raise InvalidRecord(f"scenario {name!r}: a measurement needs at least 2 samples, got {len(host)}")
+        if len(host) != self.repeats:
+            raise InvalidRecord(f"scenario {name!r}: {len(host)} samples but repeats={self.repeats}")
+        object.__setattr__(self, "host_ms", host)
+        if self.gpu_ms is not None:
+            gpu = _check_ms(self.gpu_ms, "gpu_ms", name)
+            if len(gpu) != len(host):
+                raise InvalidRecord(f"scenario {name!r}: gpu_ms and host_ms differ in length")
+            object.__setattr__(self, "gpu_ms", gpu)
+        if self.device == "cpu" and self.gpu_ms is not None:
+            raise InvalidRecord(f"scenario {name!r}: a CPU measurement has no GPU time")
+        _opt_ms(self.cold_start.first_call_ms, "cold_start.first_call_ms", name)
+        _opt_ms(self.cold_start.first_call_gpu_ms, "cold_start.first_call_gpu_ms", name)
+        _opt_ms(self.cold_start.load_ms, "cold_start.load_ms", name)
+        if self.items is not None and (isinstance(self.items, bool) or not isinstance(self.items, int) or self.items < 1):
+            raise InvalidRecord(f"scenario {name!r}: items must be a positive integer, got {self.items!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise InvalidRecord(f"scenario {name!r}: warmup must be >= 0")
+        object.__setattr__(self, "environment", MappingProxyType(dict(self.environment)))
+
+    # -- derived figures -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+    @property
+    def timer(self) -> str:
+        """The figure the gate compares: GPU time when there is one, else host end-to-end time."""
+        return "cuda_event" if self.gpu_ms is not None else "host"
+
+    @property
+    def primary_ms(self) -> tuple[float, ...]:
+        return self.gpu_ms if self.gpu_ms is not None else self.host_ms
+
+    @property
+    def summary(self) -> Summary:
+        return summarize(self.primary_ms)
+
+    @property
+    def host_summary(self) -> Summary:
+        return summarize(self.host_ms)
+
+    @property
+    def gpu_summary(self) -> Summary | None:
+        return summarize(self.gpu_ms) if self.gpu_ms is not None else None
+
+    @property
+    def throughput(self) -> float | None:
+        """Items per second at the median of the primary figure; None without `items` or at 0 ms."""
+        if self.items is None:
+            return None
+        med = self.summary.median
+        return self.items / (med / 1e3) if med > 0 else None
+
+    # -- serialization ---------------------------------------------------------------------------
+    def to_dict(self, with_environment: bool = False) -> dict:
+        d = {
+            "scenario": self.scenario.to_dict(),
+            "device": self.device,
+            "mode": self.mode,
+            "block_size": self.block_size,
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+            "timer": self.timer,
+            "host_ms": list(self.host_ms),
+            "gpu_ms": list(self.gpu_ms) if self.gpu_ms is not None else None,
+            "cold_start": self.cold_start.to_dict(),
+            "items": self.items,
+            "threads": self.threads,
+            "memory": self.memory.to_dict(),
+            "summary": self.summary.to_dict(),   # derived; kept for readers, recomputed on load
+            "throughput_per_s": self.throughput,
+        }
+        if with_environment:
+            d["environment"] = thaw(self.environment)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], environment: Mapping[str, Any] | None = None) -> "Measurement":
+        return cls(
+            scenario=Scenario.from_dict(d["scenario"]),
+            device=d["device"],
+            mode=d["mode"],
+            block_size=d["block_size"],
+            warmup=d["warmup"],
+            repeats=d["repeats"],
+            host_ms=tuple(d["host_ms"]),
+            gpu_ms=tuple(d["gpu_ms"]) if d.get("gpu_ms") is not None else None,
+            cold_start=ColdStart(**d["cold_start"]),
+            items=d.get("items"),
+            threads=d.get("threads"),
+            memory=Memory(**(d.get("memory") or {})),
+            environment=environment if environment is not None else d.get("environment") or {},
+        )

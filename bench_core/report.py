@@ -1,0 +1,87 @@
+"""Tables for people: the session table and the comparison table (tabulate)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from tabulate import tabulate
+
+from .compare import Comparison
+from .records import Measurement
+
+NOT_OBSERVED = "n/o"  # not observed is not zero
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return NOT_OBSERVED
+    if v >= 100:
+        return f"{v:.1f}"
+    if v >= 1:
+        return f"{v:.3f}"
+    return f"{v:.4f}"
+
+
+def _bytes(v: int | None) -> str:
+    if v is None:
+        return NOT_OBSERVED
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if v < 1024 or unit == "GiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return str(v)  # pragma: no cover
+
+
+def _rate(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}/s" if v >= 100 else f"{v:.2f}/s"
+
+
+SESSION_HEADERS = ["scenario", "device", "timer", "mode", "cold start ms", "median ms", "IQR ms",
+                   "min ms", "max ms", "n", "throughput", "peak mem"]
+
+
+def session_rows(results: Sequence[Measurement]) -> list[list[str]]:
+    rows = []
+    for m in results:
+        s = m.summary
+        cold = m.cold_start.first_call_gpu_ms if m.gpu_ms is not None else m.cold_start.first_call_ms
+        cold_txt = _ms(cold)
+        if m.cold_start.load_ms is not None:
+            cold_txt += f" (+load {_ms(m.cold_start.load_ms)})"
+        mode = m.mode if m.mode == "per_call" else f"block x{m.block_size}"
+        rows.append([m.name, m.device, m.timer, mode, cold_txt, _ms(s.median), _ms(s.iqr), _ms(s.min),
+                     _ms(s.max), s.n, _rate(m.throughput), _bytes(m.memory.peak_allocated_bytes)])
+        if m.gpu_ms is not None:  # the end-to-end figure, on its own row: never mixed with GPU time
+            h = m.host_summary
+            rows.append(["  (end-to-end)", m.device, "host+sync", mode, _ms(m.cold_start.first_call_ms),
+                         _ms(h.median), _ms(h.iqr), _ms(h.min), _ms(h.max), h.n, "", ""])
+    return rows
+
+
+def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, str]] = (), fmt: str = "simple") -> str:
+    out = tabulate(session_rows(results), headers=SESSION_HEADERS, tablefmt=fmt, disable_numparse=True)
+    if errors:
+        out += "\n\nfailed scenarios:\n" + "\n".join(f"  {n}: {p}" for n, p in errors)
+    return out
+
+
+COMPARE_HEADERS = ["scenario", "baseline ms", "current ms", "ratio", "95% CI", "p (adj)", "runs b/c", "verdict"]
+
+
+def comparison_row(c: Comparison) -> list[str]:
+    def num(v, f):
+        return "-" if v is None else format(v, f)
+
+    ci = "-" if c.ci_low is None else f"[{c.ci_low:.3f}, {c.ci_high:.3f}]"
+    p = "-" if c.p_value is None else f"{c.p_value:.2g} ({c.p_adjusted:.2g})"
+    return [c.name, num(c.baseline_median, ".4g"), num(c.candidate_median, ".4g"), num(c.ratio, ".3f"), ci, p,
+            f"{c.baseline_runs}/{c.candidate_runs}", c.verdict]
+
+
+def comparison_table(comparisons: Sequence[Comparison], method: str, alpha: float, fmt: str = "simple") -> str:
+    body = tabulate([comparison_row(c) for c in comparisons], headers=COMPARE_HEADERS, tablefmt=fmt,
+                    disable_numparse=True)
+    notes = [f"{c.name}: {c.verdict}: {c.reason}" for c in comparisons if c.verdict != "unchanged"]
+    foot = f"\np-values adjusted across {len(comparisons)} scenario(s) by {method}; alpha={alpha}"
+    return body + foot + ("\n" + "\n".join(notes) if notes else "")

@@ -1,0 +1,126 @@
+"""One benchmark session, without pytest: collect results, gate them against a baseline, store them.
+
+The pytest plugin is a thin shell over this class; scripts can drive it directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .compare import INCOMPARABLE, SLOWER, Comparison, GateConfig, compare_runs, decide_family
+from .errors import ScenarioError, StorageError
+from .measure import measure
+from .records import Measurement
+from .scenario import Scenario
+from . import storage
+
+DEFAULT_WARMUP = 3
+DEFAULT_REPEATS = 20
+QUICK_WARMUP = 1
+QUICK_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    device: str = "cpu"
+    warmup: int | None = None          # None: the scenario's own choice, else the default
+    repeats: int | None = None
+    quick: bool = False
+    threads: int | None = None
+    results_dir: Path | None = Path(".bench/results")
+    baselines_dir: Path = Path("baselines")
+    save: str | None = None
+    append: bool = False
+    compare: str | None = None
+    pb_json: Path | None = None
+    gate: GateConfig = field(default_factory=GateConfig)
+
+
+class BenchSession:
+    def __init__(self, config: SessionConfig, environment: Mapping[str, Any],
+                 measure_fn: Callable[..., Measurement] = measure):
+        self.config = config
+        self.environment = dict(environment)
+        self.results: list[Measurement] = []
+        self.errors: list[tuple[str, str]] = []
+        self.comparisons: list[Comparison] = []
+        self._measure = measure_fn
+        self.baseline: dict[str, list[Measurement]] | None = None
+        if config.save:
+            path = storage.baseline_path(config.baselines_dir, config.save)
+            if path.exists() and not config.append:  # fail before the run, not after minutes of it
+                raise StorageError(path, f"baseline {config.save!r} already exists and is never silently overwritten",
+                                   hint="pass --bench-append to add this session as another run, or pick a new name")
+        if config.compare:
+            self.baseline = storage.by_scenario(storage.load_baseline(config.baselines_dir, config.compare))
+
+    # -- measuring -------------------------------------------------------------------------------
+    def counts(self, warmup: int | None, repeats: int | None) -> tuple[int, int]:
+        """Command line beats quick mode beats the scenario's own choice beats the defaults."""
+        c = self.config
+        w = c.warmup if c.warmup is not None else QUICK_WARMUP if c.quick else warmup if warmup is not None else DEFAULT_WARMUP
+        r = c.repeats if c.repeats is not None else QUICK_REPEATS if c.quick else repeats if repeats is not None else DEFAULT_REPEATS
+        return w, r
+
+    def run(self, scenario: Scenario, fn: Callable[[], Any], *, warmup: int | None = None,
+            repeats: int | None = None, **kwargs) -> Measurement:
+        w, r = self.counts(warmup, repeats)
+        scenario = scenario.with_metadata(device=self.config.device)
+        try:
+            m = self._measure(fn, scenario=scenario, device=self.config.device, warmup=w, repeats=r,
+                              threads=self.config.threads, environment=self.environment, **kwargs)
+        except ScenarioError as exc:
+            self.errors.append((scenario.name, exc.problem))
+            raise
+        except TypeError as exc:  # a wrong keyword from the benchmark itself
+            self.errors.append((scenario.name, str(exc)))
+            raise ScenarioError(scenario.name, str(exc)) from exc
+        self.results.append(m)
+        return m
+
+    # -- gating ----------------------------------------------------------------------------------
+    def gate(self, m: Measurement) -> Comparison | None:
+        """Compare one fresh result with the baseline. Decided now, before the other scenarios exist,
+        so the family adjustment is Bonferroni over every scenario the baseline holds."""
+        if self.baseline is None:
+            return None
+        raw = compare_runs(m.name, self.baseline.get(m.name, ()), [m], self.config.gate)
+        family = max(len(self.baseline), 1)
+        (c,) = decide_family([raw], self.config.gate, family_size=family if family > 1 else None)
+        self.comparisons.append(c)
+        return c
+
+    @staticmethod
+    def fails(c: Comparison | None) -> bool:
+        return c is not None and c.verdict in (SLOWER, INCOMPARABLE)
+
+    def missing_from_run(self) -> list[str]:
+        if self.baseline is None:
+            return []
+        seen = {m.name for m in self.results} | {n for n, _ in self.errors}
+        return [n for n in self.baseline if n not in seen]
+
+    # -- storing ---------------------------------------------------------------------------------
+    def finish(self) -> list[str]:
+        """Write what the session produced; returns lines to show the user."""
+        lines = []
+        if not self.results and not self.errors:
+            return lines
+        if self.config.results_dir is not None:
+            p = storage.write_session(self.config.results_dir, self.results, self.environment,
+                                      [{"scenario": n, "problem": p} for n, p in self.errors])
+            lines.append(f"results written to {p}")
+        if self.config.pb_json is not None:
+            from .timers import to_pytest_benchmark
+            import json
+
+            doc = to_pytest_benchmark(self.results, self.environment, storage.now_iso())
+            storage.atomic_write(Path(self.config.pb_json), (json.dumps(doc, indent=1) + "\n").encode(),
+                                 overwrite=False)
+            lines.append(f"pytest-benchmark JSON written to {self.config.pb_json}")
+        if self.config.save and self.results:
+            path, n = storage.save_baseline(self.config.baselines_dir, self.config.save, self.results,
+                                            self.environment, append=self.config.append)
+            lines.append(f"baseline {self.config.save!r} saved to {path} ({n} run{'s' if n != 1 else ''})")
+        return lines

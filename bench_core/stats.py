@@ -1,0 +1,124 @@
+"""Statistics of one sample: pure functions over sequences of milliseconds, no I/O, no torch."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy import stats as _st
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    min: float
+    median: float
+    mean: float
+    max: float
+    stdev: float
+    q1: float
+    q3: float
+    iqr: float
+    cv: float | None          # stdev / mean; None when the mean is 0
+    low_outliers: int         # below q1 - 1.5 IQR (Tukey)
+    high_outliers: int        # above q3 + 1.5 IQR
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def summarize(samples: Sequence[float]) -> Summary:
+    """Summary figures of a sample; at least one point, every one finite."""
+    x = np.asarray(samples, dtype=float)
+    if x.size == 0:
+        raise ValueError("cannot summarize an empty sample")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("sample holds NaN or infinite values")
+    q1, med, q3 = (float(v) for v in np.percentile(x, [25, 50, 75]))
+    iqr = q3 - q1
+    mean = float(x.mean())
+    stdev = float(x.std(ddof=1)) if x.size > 1 else 0.0
+    lo, hi = tukey_fences(q1, q3)
+    return Summary(
+        n=int(x.size),
+        min=float(x.min()),
+        median=med,
+        mean=mean,
+        max=float(x.max()),
+        stdev=stdev,
+        q1=q1,
+        q3=q3,
+        iqr=iqr,
+        cv=(stdev / mean) if mean != 0 else None,
+        low_outliers=int(np.sum(x < lo)),
+        high_outliers=int(np.sum(x > hi)),
+    )
+
+
+def tukey_fences(q1: float, q3: float, k: float = 1.5) -> tuple[float, float]:
+    iqr = q3 - q1
+    return q1 - k * iqr, q3 + k * iqr
+
+
+def bootstrap_median_ci(
+    samples: Sequence[float], confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median (scipy). A constant sample gives a zero-width interval."""
+    x = np.asarray(samples, dtype=float)
+    if x.size < 2:
+        raise ValueError("a confidence interval needs at least 2 samples")
+    if np.all(x == x[0]):
+        return float(x[0]), float(x[0])
+    res = _st.bootstrap(
+        (x,), np.median, confidence_level=confidence, n_resamples=n_resamples,
+        method="percentile", random_state=np.random.default_rng(seed), vectorized=True, axis=-1,
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def median_log_se(samples: Sequence[float], n_resamples: int = 500, seed: int = 0) -> float:
+    """Bootstrap standard error of log(median): the within-run uncertainty of one run's level."""
+    x = np.asarray(samples, dtype=float)
+    if x.size < 2 or np.all(x == x[0]) or np.any(x <= 0):
+        return 0.0
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.size, size=(n_resamples, x.size))
+    meds = np.median(x[idx], axis=1)
+    return float(np.std(np.log(meds), ddof=1))
+
+
+def adjust_pvalues(pvalues: Sequence[float | None], method: str = "holm") -> list[float | None]:
+    """Family-wise (holm, bonferroni) or false-discovery-rate (bh) adjustment; None entries are skipped."""
+    idx = [i for i, p in enumerate(pvalues) if p is not None]
+    out: list[float | None] = [None] * len(pvalues)
+    m = len(idx)
+    if m == 0:
+        return out
+    ps = np.array([pvalues[i] for i in idx], dtype=float)
+    if np.any(~np.isfinite(ps)) or np.any(ps < 0) or np.any(ps > 1):
+        raise ValueError("p-values must lie in [0, 1]")
+    order = np.argsort(ps, kind="stable")
+    adj = np.empty(m)
+    if method == "bonferroni":
+        adj = np.minimum(ps * m, 1.0)
+    elif method == "holm":
+        running = 0.0
+        for rank, j in enumerate(order):
+            running = max(running, min(1.0, (m - rank) * ps[j]))
+            adj[j] = running
+    elif method == "bh":
+        running = 1.0
+        for rank in range(m - 1, -1, -1):
+            j = order[rank]
+            running = min(running, ps[j] * m / (rank + 1))
+            adj[j] = running
+    else:
+        raise ValueError(f"unknown p-value adjustment {method!r}; use holm, bonferroni or bh")
+    for k, i in enumerate(idx):
+        out[i] = float(adj[k])
+    return out
+
+
+def finite_positive(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x >= 0
