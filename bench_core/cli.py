@@ -17,19 +17,19 @@ from . import storage
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-def _resolve(arg: str, baselines: Path) -> Path:
+def _load(arg: str, baselines: Path):
     p = Path(arg)
     if p.suffix == ".json" or p.exists():
-        return p
-    return storage.baseline_path(baselines, arg)  # a bare name means a stored baseline
+        return storage.load_runs(p)
+    return storage.load_baseline(baselines, arg)  # a bare name means a stored baseline
 
 
 def cmd_compare(ns) -> int:
     try:
         gate = GateConfig(alpha=ns.alpha, threshold=ns.threshold, run_noise=ns.run_noise, adjust=ns.adjust,
                           allow_env_mismatch=ns.allow_env_mismatch)
-        base = storage.by_scenario(storage.load_runs(_resolve(ns.baseline, Path(ns.baselines))))
-        new = storage.by_scenario(storage.load_runs(_resolve(ns.new, Path(ns.baselines))))
+        base = storage.by_scenario(_load(ns.baseline, Path(ns.baselines)))
+        new = storage.by_scenario(_load(ns.new, Path(ns.baselines)))
     except (BenchError, ValueError) as exc:
         print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

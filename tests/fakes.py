@@ -1,0 +1,90 @@
+"""Deterministic stand-ins for the clock and for torch.cuda, so timing logic is tested exactly."""
+from __future__ import annotations
+
+MS = 1_000_000  # ns
+
+
+class FakeClock:
+    """A host clock that only moves when told to."""
+
+    def __init__(self, start_ns: int = 1_000 * MS):
+        self.now = start_ns
+        self.reads = 0
+
+    def __call__(self) -> int:
+        self.reads += 1
+        return self.now
+
+    def advance_ms(self, ms: float) -> None:
+        self.now += int(round(ms * MS))
+
+
+class FakeGPU:
+    """A one-stream GPU: launches queue work, events mark the stream, synchronize waits for it.
+
+    `host` is the FakeClock; launching costs host time `launch_ms` and queues `work_ms` of GPU time.
+    """
+
+    def __init__(self, clock: FakeClock):
+        self.clock = clock
+        self.free_at = clock.now      # when the GPU finishes everything queued so far
+        self.syncs = 0
+        self.stats = {"allocated_bytes.all.peak": 0, "reserved_bytes.all.peak": 0,
+                      "num_device_alloc": 0, "num_alloc_retries": 0}
+        self.peak_resets = 0
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                assert enable_timing, "timing events must be created with enable_timing=True"
+                self.t = None
+
+            def record(self, stream=None):
+                gpu.free_at = max(gpu.free_at, gpu.clock.now)
+                self.t = gpu.free_at
+
+            def synchronize(self):
+                gpu.clock.now = max(gpu.clock.now, self.t)
+
+            def elapsed_time(self, other):
+                assert self.t is not None and other.t is not None, "event never recorded"
+                return (other.t - self.t) / MS
+
+        self.Event = Event
+
+    # the torch.cuda surface the backend uses
+    def synchronize(self, device=None):
+        self.syncs += 1
+        self.clock.now = max(self.clock.now, self.free_at)
+
+    def reset_peak_memory_stats(self, device=None):
+        self.peak_resets += 1
+        self.stats["allocated_bytes.all.peak"] = 0
+        self.stats["reserved_bytes.all.peak"] = 0
+
+    def memory_stats(self, device=None):
+        return dict(self.stats)
+
+    # what a fake kernel does
+    def launch(self, work_ms: float, launch_ms: float = 0.01) -> None:
+        self.clock.advance_ms(launch_ms)
+        start = max(self.clock.now, self.free_at)
+        self.free_at = start + int(round(work_ms * MS))
+
+    def allocate(self, nbytes: int) -> None:
+        self.stats["num_device_alloc"] += 1
+        self.stats["allocated_bytes.all.peak"] = max(self.stats["allocated_bytes.all.peak"], nbytes)
+        self.stats["reserved_bytes.all.peak"] = max(self.stats["reserved_bytes.all.peak"], 2 * nbytes)
+
+
+def work(clock: FakeClock, *ms: float):
+    """A callable whose i-th call takes ms[i] (the last value repeats)."""
+    calls = {"n": 0}
+
+    def fn():
+        i = calls["n"]
+        calls["n"] += 1
+        clock.advance_ms(ms[min(i, len(ms) - 1)])
+
+    fn.calls = calls
+    return fn

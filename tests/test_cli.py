@@ -1,0 +1,52 @@
+import json
+import subprocess
+import sys
+
+from bench_core import storage
+from bench_core.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_REGRESSED, main
+from helpers import ENV, runs
+
+
+def _save(folder, name, levels_by_scenario, seed):
+    path = None
+    for i in range(max(len(v) for v in levels_by_scenario.values())):
+        results = [runs([levels[i]], name=n, seed=seed + i)[0] for n, levels in levels_by_scenario.items()]
+        path, _ = storage.save_baseline(folder, name, results, ENV, append=i > 0)
+    return path
+
+
+def test_compare_exit_codes(tmp_path, capsys):
+    base = _save(tmp_path, "base", {"a": [10, 10.1, 9.9, 10], "b": [5, 5.05, 4.95, 5]}, seed=1)
+    same = _save(tmp_path, "same", {"a": [10, 10.05], "b": [5, 5.02]}, seed=10)
+    slow = _save(tmp_path, "slow", {"a": [14, 14.1], "b": [5, 5.02]}, seed=20)
+    assert main(["compare", str(base), str(same)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "holm" in out and "unchanged" in out
+    assert main(["compare", "base", "slow", "--baselines", str(tmp_path)]) == EXIT_REGRESSED
+    out = capsys.readouterr().out
+    assert "slower" in out and "a: slower" in out
+
+
+def test_compare_json_output(tmp_path, capsys):
+    base = _save(tmp_path, "base", {"a": [10, 10.1, 9.9]}, seed=1)
+    assert main(["compare", str(base), str(base), "--json"]) == EXIT_OK
+    data = json.loads(capsys.readouterr().out)
+    assert data[0]["name"] == "a" and data[0]["ratio"] == 1.0
+
+
+def test_unusable_input_exits_2_with_the_reason(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert main(["compare", str(bad), str(bad)]) == EXIT_BAD_INPUT
+    assert "bad.json" in capsys.readouterr().err
+    assert main(["compare", "nope", "nope", "--baselines", str(tmp_path)]) == EXIT_BAD_INPUT
+    assert "'nope' does not exist" in capsys.readouterr().err
+    assert main(["compare"]) == EXIT_BAD_INPUT
+
+
+def test_module_entry_point_runs(tmp_path):
+    base = _save(tmp_path, "base", {"a": [10, 10.1, 9.9]}, seed=1)
+    out = subprocess.run([sys.executable, "-m", "bench_core", "compare", str(base), str(base)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "verdict" in out.stdout

@@ -1,0 +1,123 @@
+import math
+
+import pytest
+from scipy import stats as st
+
+from bench_core.compare import (FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED, GateConfig,
+                                compare_runs, compare_sets, decide_family)
+from helpers import ENV, meas, runs
+
+
+def test_many_runs_of_the_same_level_are_unchanged():
+    base = runs([10, 10.1, 9.9, 10.05, 9.95, 10, 10.02, 9.98], seed=1)
+    cand = runs([10, 10.03, 9.97], seed=2)
+    c = compare_runs("s", base, cand)
+    assert c.verdict == UNCHANGED, c.reason
+    assert c.ratio == pytest.approx(1.0, abs=0.01)
+    assert c.ci_low < 1 < c.ci_high
+
+
+def test_a_large_slowdown_is_slower_and_a_large_speedup_is_faster():
+    base = runs([10, 10.1, 9.9, 10.05, 9.95], seed=1)
+    assert compare_runs("s", base, runs([13.0, 13.1], seed=3)).verdict == SLOWER
+    assert compare_runs("s", base, runs([7.0, 7.1], seed=3)).verdict == FASTER
+
+
+def test_one_run_each_gets_an_honest_wide_interval_from_the_prior():
+    # Two single runs cannot tell the run-to-run drift apart from a change: no false "unchanged".
+    c = compare_runs("s", runs([10]), runs([10.3], seed=5))
+    assert c.verdict == INCONCLUSIVE
+    assert c.ci_high > 1.10 and "baseline runs" in c.reason
+
+
+def test_p_value_is_the_t_test_of_the_model():
+    base = [meas([10.0] * 5), meas([11.0] * 5), meas([10.5] * 5)]
+    cand = [meas([12.0] * 5)]
+    cfg = GateConfig(run_noise=0.05, prior_runs=4)
+    c = compare_runs("s", base, cand, cfg)
+    b = [math.log(10), math.log(11), math.log(10.5)]
+    mean_b = sum(b) / 3
+    ss = sum((v - mean_b) ** 2 for v in b)
+    tau2 = (4 * math.log1p(0.05) ** 2 + ss) / (4 + 2)  # constant samples: no within-run error
+    se = math.sqrt(tau2 * (1 / 3 + 1))
+    d = math.log(12) - mean_b
+    assert c.ratio == pytest.approx(12 / math.exp(mean_b))
+    assert c.df == 6
+    assert c.p_value == pytest.approx(2 * st.t.sf(d / se, 6))
+    q = st.t.ppf(0.975, 6)
+    assert (c.ci_low, c.ci_high) == pytest.approx((math.exp(d - q * se), math.exp(d + q * se)))
+
+
+def test_significant_but_below_threshold_is_unchanged_and_threshold_is_per_scenario():
+    base = runs([10.0] * 8, spread=0.001, seed=1)
+    cand = runs([10.3] * 4, spread=0.001, seed=2)        # a real +3%
+    cfg = GateConfig(run_noise=0.001)
+    assert compare_runs("s", base, cand, cfg).verdict == UNCHANGED
+    strict = runs([10.3] * 4, spread=0.001, seed=2, threshold=0.01)
+    c = compare_runs("s", base, strict, cfg)
+    assert c.verdict == SLOWER and c.threshold == 0.01
+
+
+def test_environment_difference_is_incomparable_unless_allowed():
+    other = dict(ENV, torch_major_minor="2.12", hostname="b")
+    base = runs([10, 10], seed=1)
+    cand = runs([10], seed=2, env=other)
+    c = compare_runs("s", base, cand)
+    assert c.verdict == INCOMPARABLE
+    assert c.differences == {"torch_major_minor": ("2.13", "2.12")}   # hostname drift never counts
+    assert "torch_major_minor" in c.reason
+    assert compare_runs("s", base, cand, GateConfig(allow_env_mismatch=True)).verdict != INCOMPARABLE
+
+
+def test_scenario_metadata_difference_is_incomparable():
+    base = runs([10, 10], seed=1)
+    cand = runs([10], seed=2, metadata={"dtype": "bfloat16"})
+    c = compare_runs("s", base, cand)
+    assert c.verdict == INCOMPARABLE and "metadata.dtype" in c.differences
+
+
+def test_identical_constant_samples_are_unchanged_not_a_crash():
+    base = [meas([5.0] * 10) for _ in range(6)]
+    cand = [meas([5.0] * 10) for _ in range(3)]
+    c = compare_runs("s", base, cand, GateConfig(run_noise=0.01))
+    assert c.verdict == UNCHANGED and c.ratio == 1.0 and c.p_value == pytest.approx(1.0)
+
+
+def test_zero_baseline_median_is_inconclusive():
+    c = compare_runs("s", [meas([0.0, 0.0, 0.0])], [meas([1.0, 1.0, 1.0])])
+    assert c.verdict == INCONCLUSIVE and "0 ms" in c.reason
+
+
+def test_too_few_samples_to_reach_alpha_is_inconclusive():
+    c = compare_runs("s", [meas([1.0, 1.1])], [meas([5.0, 5.1])])
+    assert c.verdict == INCONCLUSIVE and "too few samples" in c.reason
+
+
+def test_unequal_sample_sizes_work():
+    base = runs([10] * 6, n=50, seed=1)
+    cand = runs([15] * 2, n=7, seed=2)
+    assert compare_runs("s", base, cand).verdict == SLOWER
+
+
+def test_missing_scenario_on_either_side_is_reported_not_an_error():
+    out = compare_sets({"a": runs([1, 1], name="a")}, {"b": runs([1], name="b")})
+    assert [(c.name, c.verdict) for c in out] == [("a", INCONCLUSIVE), ("b", INCONCLUSIVE)]
+    assert "current run" in out[0].reason and "baseline" in out[1].reason
+
+
+def test_family_adjustment_can_turn_a_lone_regression_into_inconclusive():
+    base = runs([10, 10.1, 9.9], seed=1)
+    c = compare_runs("s", base, runs([11.1], seed=2), GateConfig(run_noise=0.02))
+    assert c.verdict == SLOWER and 0.001 < c.p_value < 0.01
+    (adj,) = decide_family([c], GateConfig(run_noise=0.02), family_size=50)
+    assert adj.p_adjusted == pytest.approx(min(1, c.p_value * 50))
+    assert adj.verdict != SLOWER
+
+
+def test_gate_config_refuses_nonsense():
+    with pytest.raises(ValueError):
+        GateConfig(alpha=0)
+    with pytest.raises(ValueError):
+        GateConfig(adjust="sidak")
+    with pytest.raises(ValueError):
+        GateConfig(threshold=float("nan"))

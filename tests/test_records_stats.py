@@ -1,0 +1,121 @@
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from bench_core import ColdStart, InvalidRecord, Measurement, Memory, Scenario
+from bench_core.stats import adjust_pvalues, bootstrap_median_ci, summarize
+
+
+def make(samples, name="s", **kw):
+    kw.setdefault("device", "cpu")
+    return Measurement(Scenario(name, ("compute",)), mode="per_call", block_size=1, warmup=0,
+                       repeats=len(samples), host_ms=tuple(samples), cold_start=ColdStart(1.0), **kw)
+
+
+def test_summary_matches_numpy_and_counts_tukey_outliers():
+    x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 100.0]
+    s = summarize(x)
+    assert s.n == 9 and s.min == 1.0 and s.max == 100.0
+    assert s.median == 5.0
+    assert s.q1 == 3.0 and s.q3 == 7.0 and s.iqr == 4.0   # numpy's linear percentiles
+    assert s.mean == pytest.approx(np.mean(x))
+    assert s.stdev == pytest.approx(np.std(x, ddof=1))
+    assert s.cv == pytest.approx(np.std(x, ddof=1) / np.mean(x))
+    assert (s.low_outliers, s.high_outliers) == (0, 1)   # 100 > 7 + 1.5*4
+
+
+def test_summary_refuses_empty_and_nan():
+    with pytest.raises(ValueError):
+        summarize([])
+    with pytest.raises(ValueError):
+        summarize([1.0, float("nan")])
+
+
+def test_bootstrap_ci_brackets_the_median_and_is_zero_width_for_constants():
+    rng = np.random.default_rng(1)
+    x = rng.normal(10, 1, 200)
+    lo, hi = bootstrap_median_ci(x)
+    assert lo < np.median(x) < hi and hi - lo < 1.0
+    assert bootstrap_median_ci([3.0, 3.0, 3.0]) == (3.0, 3.0)
+
+
+def test_holm_and_bonferroni_hand_computed():
+    p = [0.01, 0.04, 0.03, None, 0.005]
+    # sorted: 0.005*4=0.02, 0.01*3=0.03, 0.03*2=0.06, 0.04*1=0.04 -> monotone 0.06
+    assert adjust_pvalues(p, "holm") == pytest.approx([0.03, 0.06, 0.06, None, 0.02])
+    assert adjust_pvalues(p, "bonferroni") == pytest.approx([0.04, 0.16, 0.12, None, 0.02])
+
+
+def test_bh_matches_scipy():
+    p = [0.001, 0.008, 0.039, 0.041, 0.042, 0.06, 0.074, 0.205]
+    assert adjust_pvalues(p, "bh") == pytest.approx(list(st.false_discovery_control(p)))
+
+
+def test_adjust_refuses_bad_method_and_values():
+    with pytest.raises(ValueError, match="unknown"):
+        adjust_pvalues([0.1], "sidak")
+    with pytest.raises(ValueError):
+        adjust_pvalues([1.5], "holm")
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ([1.0, float("nan")], "must be finite"),
+    ([1.0, float("inf")], "must be finite"),
+    ([1.0, -0.5], "cannot be negative"),
+    ([1.0, "x"], "not a number"),
+    ([1.0], "at least 2 samples"),
+])
+def test_measurement_refuses_impossible_samples(bad, needle):
+    with pytest.raises(InvalidRecord, match=needle):
+        make(bad)
+
+
+def test_measurement_refuses_gpu_time_on_cpu_and_length_mismatch():
+    with pytest.raises(InvalidRecord, match="no GPU time"):
+        make([1.0, 2.0], gpu_ms=(1.0, 2.0))
+    with pytest.raises(InvalidRecord, match="differ in length"):
+        make([1.0, 2.0], device="cuda", gpu_ms=(1.0,))
+
+
+def test_measurement_is_immutable_and_round_trips():
+    m = make([1.0, 2.0, 3.0], items=4, environment={"device": "cpu"})
+    with pytest.raises(Exception):
+        m.device = "cuda"
+    back = Measurement.from_dict(m.to_dict(with_environment=True))
+    assert back == m
+    assert back.summary.median == 2.0 and back.throughput == pytest.approx(4 / 0.002)
+
+
+def test_primary_figure_is_gpu_time_when_present():
+    m = make([5.0, 5.0], device="cuda", gpu_ms=(1.0, 3.0))
+    assert m.timer == "cuda_event" and m.summary.median == 2.0 and m.host_summary.median == 5.0
+
+
+def test_memory_refuses_negative_and_reports_unobserved():
+    with pytest.raises(InvalidRecord):
+        Memory(peak_allocated_bytes=-1)
+    assert not Memory().observed and Memory(device_allocs=0).observed
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(name="", window=("forward",)), "non-empty"),
+    (dict(name="a", window=()), "at least one stage"),
+    (dict(name="a", window=("forwards",)), "unknown stage"),
+    (dict(name="a", window=("model_load", "request")), "never inside a request"),
+    (dict(name="a", window=("forward",), noise_threshold=1.5), "noise_threshold"),
+    (dict(name="a", window=("forward",), noise_threshold=math.nan), "noise_threshold"),
+])
+def test_scenario_validates_its_boundaries(kw, needle):
+    with pytest.raises(InvalidRecord, match=needle):
+        Scenario(**kw)
+
+
+def test_scenario_metadata_is_frozen_and_round_trips():
+    s = Scenario("a", ["forward", "backward"], {"shapes": {"x": [2, 3]}, "dtype": "float32"})
+    with pytest.raises(TypeError):
+        s.metadata["dtype"] = "float16"
+    assert s.window == ("forward", "backward")
+    assert Scenario.from_dict(s.to_dict()) == s
+    assert s.with_metadata(device="cuda").to_dict()["metadata"]["device"] == "cuda"

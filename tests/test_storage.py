@@ -1,0 +1,118 @@
+import json
+import os
+
+import pytest
+
+from bench_core import StorageError
+from bench_core import storage
+from helpers import ENV, meas, runs
+
+
+def test_session_round_trip_and_never_overwrites(tmp_path):
+    results = [meas([1.0, 2.0, 3.0], name="a"), meas([4.0, 5.0], name="b")]
+    p1 = storage.write_session(tmp_path, results, ENV, [{"scenario": "c", "problem": "boom"}])
+    p2 = storage.write_session(tmp_path, results, ENV)
+    assert p1 != p2 and p1.exists() and p2.exists()   # same second, still two files
+    env, back = storage.load_session(p1)
+    assert env == ENV and back == results
+    doc = json.loads(p1.read_text())
+    assert doc["schema_version"] == storage.SCHEMA_VERSION and doc["errors"][0]["scenario"] == "c"
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_atomic_write_refuses_existing_file_and_leaves_it_intact(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text("old")
+    with pytest.raises(StorageError, match="never overwritten"):
+        storage.atomic_write(p, b"new", overwrite=False)
+    assert p.read_text() == "old"
+    assert os.listdir(tmp_path) == ["x.json"]
+
+
+def test_atomic_write_failure_leaves_no_partial_file(tmp_path, monkeypatch):
+    p = tmp_path / "x.json"
+    p.write_text("old")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(storage.os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        storage.atomic_write(p, b"new", overwrite=True)
+    assert p.read_text() == "old" and os.listdir(tmp_path) == ["x.json"]
+
+
+def test_baseline_save_refuses_overwrite_and_appends_when_asked(tmp_path):
+    r1, r2 = [meas([1.0, 2.0], name="a")], [meas([3.0, 4.0], name="a")]
+    path, n = storage.save_baseline(tmp_path, "main", r1, ENV)
+    assert n == 1
+    before = path.read_text()
+    with pytest.raises(StorageError, match="already exists.*--bench-append"):
+        storage.save_baseline(tmp_path, "main", r2, ENV)
+    assert path.read_text() == before
+    _, n = storage.save_baseline(tmp_path, "main", r2, ENV, append=True)
+    assert n == 2
+    loaded = storage.load_baseline(tmp_path, "main")
+    assert [run[0].host_ms for run in loaded] == [(1.0, 2.0), (3.0, 4.0)]
+    assert storage.by_scenario(loaded)["a"][1].host_ms == (3.0, 4.0)
+
+
+def test_missing_baseline_names_the_known_ones(tmp_path):
+    storage.save_baseline(tmp_path, "main", [meas([1.0, 2.0])], ENV)
+    with pytest.raises(StorageError, match=r"'nightly' does not exist.*known baselines: main"):
+        storage.load_baseline(tmp_path, "nightly")
+
+
+def test_bad_baseline_name(tmp_path):
+    with pytest.raises(StorageError, match="not valid"):
+        storage.baseline_path(tmp_path, "../escape")
+
+
+def _baseline_doc(tmp_path):
+    path, _ = storage.save_baseline(tmp_path, "b", [meas([1.0, 2.0, 3.0], name="a")], ENV)
+    return path, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda d: d.__setitem__("schema_version", 99), "schema version 99 is newer"),
+    (lambda d: d.__setitem__("schema_version", "1"), "field 'schema_version': has type str"),
+    (lambda d: d.pop("runs"), "field 'runs': missing"),
+    (lambda d: d.__setitem__("runs", []), "holds no runs"),
+    (lambda d: d["runs"][0]["results"][0].pop("host_ms"), "field 'runs[0].results[0].host_ms': missing"),
+    (lambda d: d["runs"][0]["results"][0].__setitem__("repeats", "3"), "runs[0].results[0].repeats"),
+    (lambda d: d["runs"][0]["results"][0]["host_ms"].__setitem__(1, -2.0), "cannot be negative"),
+    (lambda d: d["runs"][0]["results"][0]["host_ms"].__setitem__(1, "fast"), "not a number"),
+    (lambda d: d.__setitem__("format", "something.else"), "format is 'something.else'"),
+])
+def test_damaged_baseline_fields_are_named(tmp_path, mutate, needle):
+    path, doc = _baseline_doc(tmp_path)
+    mutate(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(StorageError) as err:
+        storage.load_runs(path)
+    assert str(path) in str(err.value) and needle in str(err.value)
+
+
+def test_nan_in_file_is_refused(tmp_path):
+    path, _ = _baseline_doc(tmp_path)
+    path.write_text(path.read_text().replace("2.0", "NaN", 1))
+    with pytest.raises(StorageError, match="NaN is not a valid timing"):
+        storage.load_runs(path)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("", "file is empty"),
+    ('{"format": "bench_core.baseline", "schema_', "not valid JSON"),
+    ("<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> other\n", "git conflict markers"),
+    ("[1, 2]", "top level is not a JSON object"),
+])
+def test_unreadable_files_say_what_to_do(tmp_path, text, needle):
+    p = tmp_path / "b.json"
+    p.write_text(text)
+    with pytest.raises(StorageError, match=needle):
+        storage.load_runs(p)
+
+
+def test_session_file_reads_as_one_run(tmp_path):
+    p = storage.write_session(tmp_path, runs([1.0, 2.0]), ENV)
+    assert len(storage.load_runs(p)) == 1 and len(storage.load_runs(p)[0]) == 2
