@@ -41,7 +41,7 @@ def _git(root: str, *args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _nvidia_driver(cuda: Any) -> str | None:
+def _nvidia_driver() -> str | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -52,6 +52,23 @@ def _nvidia_driver(cuda: Any) -> str | None:
     except (OSError, subprocess.SubprocessError):
         pass
     return None
+
+
+def _gpu_fields(torch: Any) -> dict:
+    """GPU identity; a field the runtime cannot tell stays None (not observed)."""
+    out: dict[str, Any] = {}
+    try:
+        out["cudnn_version"] = torch.backends.cudnn.version()
+    except Exception:
+        pass
+    try:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        out.update(gpu_name=props.name, gpu_capability=f"{props.major}.{props.minor}",
+                   gpu_memory_bytes=int(props.total_memory))
+    except Exception:
+        pass
+    out["gpu_driver"] = _nvidia_driver()
+    return out
 
 
 def fingerprint(device: str = "cpu", root: str | None = None, torch_module: Any = None) -> dict:
@@ -90,16 +107,7 @@ def fingerprint(device: str = "cpu", root: str | None = None, torch_module: Any 
     status = _git(root, "status", "--porcelain", "--untracked-files=no")
     env["git_dirty"] = None if status is None else bool(status)
     if device == "cuda":
-        try:
-            env["cudnn_version"] = torch.backends.cudnn.version()
-        except Exception:
-            env["cudnn_version"] = None
-        idx = torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(idx)
-        env["gpu_name"] = props.name
-        env["gpu_capability"] = f"{props.major}.{props.minor}"
-        env["gpu_memory_bytes"] = int(props.total_memory)
-        env["gpu_driver"] = _nvidia_driver(torch.cuda)
+        env.update(_gpu_fields(torch))
     return env
 
 

@@ -1,0 +1,199 @@
+"""The pytest plugin end to end, with pytester: small benchmark files, real pytest sessions."""
+import json
+
+import pytest
+
+FAKE_BENCH = '''
+from bench_core import Scenario
+from fakes import FakeClock, work
+
+LEVEL = {level}
+
+def test_alpha(bench):
+    clock = FakeClock()
+    m = bench.run(Scenario("alpha", ("forward",), {{"dtype": "float32"}}), work(clock, 50.0, LEVEL),
+                  clock=clock, items=8)
+    assert m.summary.median == LEVEL
+
+def test_beta(bench):
+    clock = FakeClock()
+    bench.run(Scenario("beta", ("forward",)), work(clock, 3.0), clock=clock)
+'''
+
+
+@pytest.fixture
+def bt(pytester, request):
+    """A pytester with the project's fakes importable in the inner session."""
+    import fakes
+
+    pytester.makeconftest(f"import sys; sys.path.insert(0, {str(fakes.__file__.rsplit('/', 1)[0])!r})")
+    return pytester
+
+
+def test_session_table_json_and_per_test_properties(bt):
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    res = bt.runpytest("--bench-repeats", "4", "--bench-warmup", "1", "--junitxml=out.xml")
+    res.assert_outcomes(passed=2)
+    res.stdout.fnmatch_lines(["*bench_core results*", "alpha*cpu*host*per_call*50.000*2.000*4*4,000/s*n/o",
+                              "*results written to*session-*.json"])
+    files = list((bt.path / ".bench" / "results").glob("session-*.json"))
+    assert len(files) == 1
+    doc = json.loads(files[0].read_text())
+    assert [r["scenario"]["name"] for r in doc["results"]] == ["alpha", "beta"]
+    assert doc["results"][0]["host_ms"] == [2.0] * 4
+    assert doc["results"][0]["cold_start"]["first_call_ms"] == 50.0
+    assert doc["environment"]["device"] == "cpu"
+    assert 'name="bench_median_ms" value="2.0"' in (bt.path / "out.xml").read_text()
+
+
+def test_gpu_flag_without_cuda_stops_the_session(bt, monkeypatch):
+    import bench_core.devices
+
+    monkeypatch.setattr(bench_core.devices, "cuda_available", lambda: False)
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    res = bt.runpytest("--gpu")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*--gpu was given but CUDA is not available*Refusing to run on the CPU*"])
+    assert not (bt.path / ".bench").exists()
+
+
+def test_gpu_only_scenarios_are_skipped_on_cpu_with_a_reason(bt):
+    bt.makepyfile(test_g='''
+import pytest
+from bench_core import Scenario
+
+@pytest.mark.gpu_only
+def test_marked(bench):
+    raise AssertionError("must not run")
+
+def test_declared(bench):
+    bench.run(Scenario("pinned", ("transfer",), gpu_only=True), lambda: None)
+''')
+    res = bt.runpytest("-rs")
+    res.assert_outcomes(skipped=2)
+    res.stdout.fnmatch_lines(["*GPU-only scenario: run with --gpu*", "*'pinned' only makes sense on a GPU*"])
+
+
+def test_gpu_session_with_fake_cuda_reports_both_figures(bt, monkeypatch):
+    import bench_core.devices
+
+    monkeypatch.setattr(bench_core.devices, "cuda_available", lambda: True)
+    bt.makepyfile(test_k='''
+from bench_core import Scenario
+from bench_core.backends import CudaBackend
+from fakes import FakeClock, FakeGPU
+
+def test_kernel(bench):
+    assert bench.device == "cuda" and bench.size(cpu=1, gpu=2) == 2
+    clock = FakeClock(); gpu = FakeGPU(clock)
+    m = bench.run(Scenario("kern", ("compute",)), lambda: gpu.launch(2.0, 0.5), clock=clock,
+                  backend=CudaBackend(gpu))
+    assert m.timer == "cuda_event"
+''')
+    res = bt.runpytest("--gpu", "--bench-repeats", "3", "--bench-no-out")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["kern*cuda*cuda_event*2.500*", "*(end-to-end)*cuda*host+sync*2.500*"])
+
+
+def test_a_failing_scenario_fails_its_own_test_and_the_others_still_report(bt):
+    bt.makepyfile(test_f='''
+from bench_core import Scenario
+
+def test_broken(bench):
+    def step():
+        raise ValueError("shape mismatch")
+    bench.run(Scenario("broken", ("forward",)), step)
+
+def test_bad_repeats(bench):
+    bench.run(Scenario("few", ("forward",)), lambda: None, repeats=1)
+
+def test_fine(bench):
+    bench.run(Scenario("fine", ("forward",)), lambda: None)
+''')
+    res = bt.runpytest()
+    res.assert_outcomes(passed=1, failed=2)
+    res.stdout.fnmatch_lines([
+        "*scenario 'broken': the first call (cold start) raised ValueError: shape mismatch*",
+        "*scenario 'few': repeats must be an integer >= 2, got 1*",
+        "fine*cpu*",
+        "failed scenarios:", "  broken: the first call (cold start) raised ValueError: shape mismatch",
+    ])
+
+
+def test_save_then_compare_fails_only_the_regressed_scenario(bt):
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    bt.runpytest("--bench-save", "main", "--bench-repeats", "10").assert_outcomes(passed=2)
+    for _ in range(2):
+        bt.runpytest("--bench-save", "main", "--bench-append", "--bench-repeats", "10").assert_outcomes(passed=2)
+    doc = json.loads((bt.path / "baselines" / "main.json").read_text())
+    assert len(doc["runs"]) == 3
+
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=4.0).replace("assert m.summary.median == LEVEL", "pass"))
+    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "10", "--junitxml=out.xml")
+    res.assert_outcomes(passed=1, failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'alpha' is slower than baseline 'main'*", "*alpha*2*4*2.000*slower*",
+                              "*bench_core comparison with baseline 'main'*"])
+    xml = (bt.path / "out.xml").read_text()
+    assert "is slower than baseline" in xml and 'name="bench_verdict" value="slower"' in xml
+
+
+def test_saving_over_an_existing_baseline_is_refused_at_the_start(bt):
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    bt.runpytest("--bench-save", "main").assert_outcomes(passed=2)
+    before = (bt.path / "baselines" / "main.json").read_text()
+    res = bt.runpytest("--bench-save", "main")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*baseline 'main' already exists and is never silently overwritten*--bench-append*"])
+    assert (bt.path / "baselines" / "main.json").read_text() == before
+
+
+def test_compare_with_a_missing_or_broken_baseline_is_a_usage_error(bt):
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    res = bt.runpytest("--bench-compare", "ghost")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*baseline 'ghost' does not exist*--bench-save ghost*"])
+    (bt.path / "baselines").mkdir(exist_ok=True)
+    (bt.path / "baselines" / "torn.json").write_text('{"format": "bench_core.baseline", "sch')
+    res = bt.runpytest("--bench-compare", "torn")
+    res.stderr.fnmatch_lines(["*torn.json: not valid JSON*"])
+
+
+def test_environment_mismatch_fails_as_incomparable_unless_allowed(bt):
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    bt.runpytest("--bench-save", "main", "--bench-repeats", "5").assert_outcomes(passed=2)
+    path = bt.path / "baselines" / "main.json"
+    doc = json.loads(path.read_text())
+    doc["runs"][0]["environment"]["torch_major_minor"] = "1.13"
+    doc["runs"][0]["environment"]["hostname"] = "elsewhere"
+    path.write_text(json.dumps(doc))
+    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "5")
+    res.assert_outcomes(failed=2)
+    res.stdout.fnmatch_lines(["*incomparable*torch_major_minor: '1.13' -> *"])
+    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "5", "--bench-allow-env-mismatch")
+    res.assert_outcomes(passed=2)
+
+
+def test_quick_mode_and_size_knob(bt):
+    bt.makepyfile(test_q='''
+from bench_core import Scenario
+
+def test_q(bench):
+    assert bench.size(cpu=16, gpu=128, quick=2) == 2
+    m = bench.run(Scenario("q", ("forward",)), lambda: None, repeats=50)
+    assert (m.warmup, m.repeats) == (1, 5)
+''')
+    bt.runpytest("--bench-quick").assert_outcomes(passed=1)
+
+
+def test_pytest_benchmark_json_export_is_read_by_its_compare(bt):
+    import subprocess
+    import sys
+
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    bt.runpytest("--bench-pb-json", "pb.json", "--bench-repeats", "4").assert_outcomes(passed=2)
+    doc = json.loads((bt.path / "pb.json").read_text())
+    assert doc["benchmarks"][0]["stats"]["median"] == pytest.approx(0.002)
+    out = subprocess.run([sys.executable, "-m", "pytest_benchmark", "compare", str(bt.path / "pb.json")],
+                         capture_output=True, text=True, cwd=bt.path)
+    assert out.returncode == 0, out.stderr
+    assert "alpha" in out.stdout and "beta" in out.stdout
