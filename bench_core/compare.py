@@ -5,7 +5,9 @@ far more than the median wobbles inside a run, so the unit of evidence is the ru
 Each run contributes log(median); the change is d = mean(candidate logs) - mean(baseline logs) and
 ratio = exp(d). The run-to-run variance tau^2 is estimated from the runs on both sides, pooled with
 a prior (`run_noise`, worth `prior_runs` runs of evidence) so a baseline of one run still gets an
-honest, wide interval instead of a falsely narrow one. A t-test on d gives p and the interval.
+honest, wide interval instead of a falsely narrow one; when the runs spread more than the prior, the
+prior is dropped (see `run_variance`). A t-test on d gives p (one-sided, in the observed direction)
+and the interval.
 
 Verdicts:
   slower / faster   significant after the family adjustment AND the ratio beyond the noise threshold
@@ -43,6 +45,7 @@ class GateConfig:
     adjust: str = "holm"           # holm | bonferroni | bh
     confidence: float = 0.95
     allow_env_mismatch: bool = False
+    confirm_repeats: int = 2       # on "slower", measure this many more times and decide on all samples
 
     def __post_init__(self):
         for name, lo, hi in (("alpha", 0, 0.5), ("threshold", 0, 1), ("run_noise", 0, 1), ("confidence", 0.5, 1)):
@@ -67,7 +70,7 @@ class Comparison:
     ratio: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
-    p_value: float | None = None           # hierarchical test, before adjustment
+    p_value: float | None = None           # run-level t-test, one-sided in the observed direction, unadjusted
     p_adjusted: float | None = None
     mw_p_value: float | None = None        # Mann-Whitney U on pooled samples (within-run evidence only)
     effect: float | None = None            # Cliff's delta: P(cand > base) - P(cand < base)
@@ -154,16 +157,32 @@ def compare_runs(
     within = np.mean([median_log_se(x.primary_ms) ** 2 for x in (*baseline, *candidate)])
     ss = float(np.sum((b_log - b_log.mean()) ** 2) + np.sum((c_log - c_log.mean()) ** 2))
     df_data = (k - 1) + (m - 1)
-    prior_var = math.log1p(config.run_noise) ** 2 + within
-    tau2 = (config.prior_runs * prior_var + ss) / (config.prior_runs + df_data)
-    df = config.prior_runs + df_data
+    tau2, df = run_variance(ss, df_data, math.log1p(config.run_noise) ** 2 + within, config.prior_runs)
     se = math.sqrt(tau2 * (1.0 / k + 1.0 / m))
     d = float(c_log.mean() - b_log.mean())
-    p = float(2.0 * _st.t.sf(abs(d) / se, df))
+    # One-sided in the direction observed: a false "slower" (or a false "faster") happens at most
+    # alpha of the time, which is the error a CI gate cares about.
+    p = float(_st.t.sf(abs(d) / se, df))
     q = float(_st.t.ppf(0.5 + config.confidence / 2.0, df))
     common.update(ratio=math.exp(d), ci_low=math.exp(d - q * se), ci_high=math.exp(d + q * se),
                   p_value=p, p_adjusted=p, df=df, se=se)
     return decide(Comparison(verdict=INCONCLUSIVE, reason="", **common), p, config.alpha)
+
+
+def run_variance(ss: float, df_data: int, prior_var: float, prior_runs: float) -> tuple[float, float]:
+    """Run-to-run variance of log run medians, and its degrees of freedom.
+
+    Never narrower than the data say: when the runs spread more than the prior, the prior is
+    dropped and the plain t-test on the runs is used (a prior that is too small would otherwise
+    turn the machine's drift into false alarms). When the runs spread less, they are pooled with
+    the prior, so a handful of runs that happened to agree cannot make the interval falsely narrow.
+    """
+    if df_data <= 0:
+        return prior_var, prior_runs
+    s2 = ss / df_data
+    if s2 >= prior_var:
+        return s2, float(df_data)
+    return (prior_runs * prior_var + ss) / (prior_runs + df_data), prior_runs + df_data
 
 
 def decide(c: Comparison, p_adjusted: float, alpha: float) -> Comparison:
@@ -186,6 +205,21 @@ def decide(c: Comparison, p_adjusted: float, alpha: float) -> Comparison:
             f"a {2 * thr:.0%} change: add baseline runs (--bench-save NAME --bench-append) or repeats"
         )
     return replace(c, verdict=verdict, reason=why, p_adjusted=p_adjusted)
+
+
+def confirm(first: Comparison, pooled: Comparison) -> Comparison:
+    """A "slower" verdict stands only if it survives fresh samples.
+
+    Slow episodes on a shared machine last a fraction of a second to seconds; a regression does not
+    go away. `pooled` compares the first samples together with confirmation samples taken right
+    after; the final verdict is slower only if both say so.
+    """
+    if first.verdict != SLOWER:
+        return first
+    if pooled.verdict == SLOWER:
+        return replace(pooled, reason=f"confirmed with fresh samples: {pooled.reason}")
+    return replace(pooled, reason=f"first samples looked {first.ratio - 1:+.1%} slower, not confirmed by fresh "
+                                  f"samples: {pooled.reason}")
 
 
 def decide_family(comparisons: Sequence[Comparison], config: GateConfig = GateConfig(),

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
@@ -155,6 +155,15 @@ class Measurement:
             return None
         med = self.summary.median
         return self.items / (med / 1e3) if med > 0 else None
+
+    def pooled_with(self, *others: "Measurement") -> "Measurement":
+        """One measurement holding this one's samples and the others' (same scenario, device, mode)."""
+        for o in others:
+            if (o.scenario, o.device, o.mode, o.block_size) != (self.scenario, self.device, self.mode, self.block_size):
+                raise InvalidRecord(f"scenario {self.name!r}: only measurements of the same scenario can be pooled")
+        host = self.host_ms + tuple(v for o in others for v in o.host_ms)
+        gpu = None if self.gpu_ms is None else self.gpu_ms + tuple(v for o in others for v in o.gpu_ms)
+        return replace(self, host_ms=host, gpu_ms=gpu, repeats=len(host))
 
     # -- serialization ---------------------------------------------------------------------------
     def to_dict(self, with_environment: bool = False) -> dict:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .compare import INCOMPARABLE, SLOWER, Comparison, GateConfig, compare_runs, decide_family
+from .compare import INCOMPARABLE, SLOWER, Comparison, GateConfig, compare_runs, confirm, decide_family
 from .errors import ScenarioError, StorageError
 from .measure import measure
 from .records import Measurement
@@ -63,33 +63,54 @@ class BenchSession:
         r = c.repeats if c.repeats is not None else QUICK_REPEATS if c.quick else repeats if repeats is not None else DEFAULT_REPEATS
         return w, r
 
-    def run(self, scenario: Scenario, fn: Callable[[], Any], *, warmup: int | None = None,
-            repeats: int | None = None, **kwargs) -> Measurement:
+    def measure(self, scenario: Scenario, fn: Callable[[], Any], *, warmup: int | None = None,
+                repeats: int | None = None, **kwargs) -> Measurement:
+        """Measure without recording (errors are recorded: they belong in the report)."""
         w, r = self.counts(warmup, repeats)
         scenario = scenario.with_metadata(device=self.config.device)
         try:
-            m = self._measure(fn, scenario=scenario, device=self.config.device, warmup=w, repeats=r,
-                              threads=self.config.threads, environment=self.environment, **kwargs)
+            return self._measure(fn, scenario=scenario, device=self.config.device, warmup=w, repeats=r,
+                                 threads=self.config.threads, environment=self.environment, **kwargs)
         except ScenarioError as exc:
             self.errors.append((scenario.name, exc.problem))
             raise
         except TypeError as exc:  # a wrong keyword from the benchmark itself
             self.errors.append((scenario.name, str(exc)))
             raise ScenarioError(scenario.name, str(exc)) from exc
+
+    def run(self, scenario: Scenario, fn: Callable[[], Any], **kwargs) -> tuple[Measurement, Comparison | None]:
+        """Measure, gate (confirming a slowdown with fresh samples), record."""
+        first = self.measure(scenario, fn, **kwargs)
+        again = {k: v for k, v in kwargs.items() if k != "load"}  # the cold start happened once
+        m, c = self.gate(first, lambda: self.measure(scenario, fn, **again))
         self.results.append(m)
-        return m
+        return m, c
 
     # -- gating ----------------------------------------------------------------------------------
-    def gate(self, m: Measurement) -> Comparison | None:
-        """Compare one fresh result with the baseline. Decided now, before the other scenarios exist,
-        so the family adjustment is Bonferroni over every scenario the baseline holds."""
+    def gate(self, m: Measurement, remeasure: Callable[[], Measurement] | None = None) -> tuple[Measurement, Comparison | None]:
+        """Compare one fresh result with the baseline; returns the result to keep and the comparison.
+
+        Decided now, before the other scenarios exist, so the family adjustment is Bonferroni over
+        every scenario the baseline holds. A "slower" verdict is confirmed with `confirm_repeats`
+        fresh measurements (`remeasure`) before it stands; the kept result then holds all samples.
+        """
         if self.baseline is None:
-            return None
-        raw = compare_runs(m.name, self.baseline.get(m.name, ()), [m], self.config.gate)
+            return m, None
+        gate = self.config.gate
         family = max(len(self.baseline), 1)
-        (c,) = decide_family([raw], self.config.gate, family_size=family if family > 1 else None)
+        base = self.baseline.get(m.name, ())
+
+        def judge(x: Measurement) -> Comparison:
+            (c,) = decide_family([compare_runs(m.name, base, [x], gate)], gate,
+                                 family_size=family if family > 1 else None)
+            return c
+
+        c = judge(m)
+        if c.verdict == SLOWER and remeasure is not None and gate.confirm_repeats > 0:
+            m = m.pooled_with(*(remeasure() for _ in range(gate.confirm_repeats)))
+            c = confirm(c, judge(m))
         self.comparisons.append(c)
-        return c
+        return m, c
 
     @staticmethod
     def fails(c: Comparison | None) -> bool:

@@ -43,7 +43,7 @@ def test_p_value_is_the_t_test_of_the_model():
     d = math.log(12) - mean_b
     assert c.ratio == pytest.approx(12 / math.exp(mean_b))
     assert c.df == 6
-    assert c.p_value == pytest.approx(2 * st.t.sf(d / se, 6))
+    assert c.p_value == pytest.approx(st.t.sf(d / se, 6))  # one-sided, observed direction
     q = st.t.ppf(0.975, 6)
     assert (c.ci_low, c.ci_high) == pytest.approx((math.exp(d - q * se), math.exp(d + q * se)))
 
@@ -80,7 +80,7 @@ def test_identical_constant_samples_are_unchanged_not_a_crash():
     base = [meas([5.0] * 10) for _ in range(6)]
     cand = [meas([5.0] * 10) for _ in range(3)]
     c = compare_runs("s", base, cand, GateConfig(run_noise=0.01))
-    assert c.verdict == UNCHANGED and c.ratio == 1.0 and c.p_value == pytest.approx(1.0)
+    assert c.verdict == UNCHANGED and c.ratio == 1.0 and c.p_value == pytest.approx(0.5)  # one-sided at d=0
 
 
 def test_zero_baseline_median_is_inconclusive():
@@ -107,7 +107,7 @@ def test_missing_scenario_on_either_side_is_reported_not_an_error():
 
 def test_family_adjustment_can_turn_a_lone_regression_into_inconclusive():
     base = runs([10, 10.1, 9.9], seed=1)
-    c = compare_runs("s", base, runs([11.1], seed=2), GateConfig(run_noise=0.02))
+    c = compare_runs("s", base, runs([10.9], seed=2), GateConfig(run_noise=0.02))
     assert c.verdict == SLOWER and 0.001 < c.p_value < 0.01
     (adj,) = decide_family([c], GateConfig(run_noise=0.02), family_size=50)
     assert adj.p_adjusted == pytest.approx(min(1, c.p_value * 50))
@@ -121,3 +121,30 @@ def test_gate_config_refuses_nonsense():
         GateConfig(adjust="sidak")
     with pytest.raises(ValueError):
         GateConfig(threshold=float("nan"))
+
+
+def test_a_slowdown_that_fresh_samples_do_not_confirm_is_not_slower():
+    from bench_core.compare import confirm
+
+    base = runs([10, 10.1, 9.9, 10.05, 9.95], seed=1)
+    episode = runs([13.0], seed=3)[0]                  # a slow episode hit the first samples
+    first = compare_runs("s", base, [episode])
+    assert first.verdict == SLOWER
+    calm = runs([10.0, 10.0], seed=4)
+    pooled = compare_runs("s", base, [episode.pooled_with(*calm)])
+    final = confirm(first, pooled)
+    assert final.verdict != SLOWER and "not confirmed" in final.reason
+    real = runs([13.0, 13.0], seed=5)
+    final = confirm(first, compare_runs("s", base, [episode.pooled_with(*real)]))
+    assert final.verdict == SLOWER and final.reason.startswith("confirmed")
+    unchanged = compare_runs("s", base, runs([10.0], seed=6))
+    assert confirm(unchanged, pooled) is unchanged   # only a slower verdict needs confirming
+
+
+def test_pooling_refuses_other_scenarios():
+    from bench_core import InvalidRecord
+
+    a, b = runs([1.0], name="a")[0], runs([1.0], name="b")[0]
+    with pytest.raises(InvalidRecord, match="same scenario"):
+        a.pooled_with(b)
+    assert a.pooled_with(a).repeats == 2 * a.repeats

@@ -1,0 +1,82 @@
+"""BenchSession without pytest: counts, gating with confirmation, storage at the end."""
+import pytest
+
+from bench_core import Scenario, StorageError
+from bench_core.compare import GateConfig
+from bench_core.session import BenchSession, SessionConfig
+from fakes import FakeClock
+from helpers import ENV
+
+
+def _session(tmp_path, **kw):
+    return BenchSession(SessionConfig(results_dir=tmp_path / "res", baselines_dir=tmp_path / "bl", **kw), ENV)
+
+
+def _levels(clock, levels):
+    """fn whose calls take levels[i] ms; the last level repeats."""
+    state = {"i": 0}
+
+    def fn():
+        clock.advance_ms(levels[min(state["i"], len(levels) - 1)])
+        state["i"] += 1
+
+    return fn
+
+
+def test_counts_priority(tmp_path):
+    s = _session(tmp_path)
+    assert s.counts(None, None) == (3, 20) and s.counts(5, 7) == (5, 7)
+    assert _session(tmp_path, quick=True).counts(5, 7) == (1, 5)
+    assert _session(tmp_path, quick=True, repeats=9).counts(5, 7) == (1, 9)
+
+
+def _baseline(tmp_path, runs=3):
+    for i in range(runs):
+        s = _session(tmp_path, save="main", append=i > 0, repeats=10, warmup=0)
+        clock = FakeClock()
+        s.run(Scenario("a", ("forward",)), _levels(clock, [2.0 + 0.01 * i]), clock=clock)
+        s.finish()
+
+
+def test_a_transient_slowdown_is_confirmed_away(tmp_path):
+    _baseline(tmp_path)
+    s = _session(tmp_path, compare="main", repeats=10, warmup=0)
+    clock = FakeClock()
+    # cold start + 10 slow samples (an episode), then calm again for the confirmation samples
+    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0] * 11 + [2.0]), clock=clock)
+    assert c.verdict != "slower" and "not confirmed" in c.reason
+    assert m.repeats == 30                      # the kept result holds every sample taken
+    assert s.results == [m] and not s.fails(c)
+
+
+def test_a_persistent_slowdown_fails(tmp_path):
+    _baseline(tmp_path)
+    s = _session(tmp_path, compare="main", repeats=10, warmup=0)
+    clock = FakeClock()
+    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock)
+    assert c.verdict == "slower" and c.reason.startswith("confirmed") and s.fails(c)
+
+
+def test_no_confirmation_when_disabled(tmp_path):
+    _baseline(tmp_path)
+    s = _session(tmp_path, compare="main", repeats=10, warmup=0, gate=GateConfig(confirm_repeats=0))
+    clock = FakeClock()
+    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0] * 11 + [2.0]), clock=clock)
+    assert c.verdict == "slower" and m.repeats == 10
+
+
+def test_missing_scenarios_are_listed(tmp_path):
+    _baseline(tmp_path, runs=1)
+    s = _session(tmp_path, compare="main")
+    assert s.missing_from_run() == ["a"]
+
+
+def test_save_refuses_existing_name_before_measuring(tmp_path):
+    _baseline(tmp_path, runs=1)
+    with pytest.raises(StorageError, match="already exists"):
+        _session(tmp_path, save="main")
+
+
+def test_finish_writes_nothing_for_an_empty_session(tmp_path):
+    assert _session(tmp_path).finish() == []
+    assert not (tmp_path / "res").exists()
