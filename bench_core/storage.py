@@ -224,3 +224,19 @@ def by_scenario(runs: Sequence[Sequence[Measurement]]) -> dict[str, list[Measure
         for m in run:
             out.setdefault(m.name, []).append(m)
     return out
+
+
+def write_decision(folder: Path, record: Mapping[str, Any], name: str) -> Path:
+    """Write one A/B decision record (JSON) under a new name; never overwrites."""
+    doc = {"format": "bench_core.decision", "schema_version": SCHEMA_VERSION, "created": now_iso(), "name": name,
+           **record}
+    data = _dump(doc)
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80] or "decision"
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    for i in range(1000):
+        path = Path(folder) / (f"decision-{safe}-{stamp}.json" if i == 0 else f"decision-{safe}-{stamp}-{i}.json")
+        try:
+            return atomic_write(path, data, overwrite=False)
+        except StorageError:
+            continue
+    raise StorageError(folder, "could not find a free file name for the decision record")

@@ -1,0 +1,166 @@
+"""Interleaved A/B timing: baseline and candidate alternate in one process, compared pair by pair.
+
+The level of a whole run drifts by several percent on a shared machine, but two workloads timed
+back to back see the same machine: the ratio within a pair cancels the drift. Each pair runs A and B
+in a seeded random order (no order bias), under the same warmup and repeat counts, profiler-free.
+An incorrect candidate gets no speed verdict at all.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import inspect
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from scipy import stats as _st
+
+from .backends import Backend, backend_for
+from .errors import ScenarioError
+from .measure import _gc_off, _timed
+from .stats import summarize
+
+FASTER, SLOWER, NO_DIFFERENCE, REJECTED = "faster", "slower", "no significant difference", "rejected: incorrect"
+
+
+def source_identity(fn: Callable) -> dict:
+    """Qualified name and a hash of the source: what makes a decision reproducible."""
+    target = inspect.unwrap(getattr(fn, "func", fn))
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+    try:
+        src = inspect.getsource(target)
+        digest = hashlib.sha256(src.encode()).hexdigest()
+    except (OSError, TypeError):
+        digest = None  # built-ins, lambdas typed at a prompt: not observed
+    return {"name": name, "source_sha256": digest}
+
+
+@dataclass(frozen=True)
+class ABResult:
+    verdict: str
+    reason: str
+    speedup: float | None                 # baseline time / candidate time (>1: candidate faster)
+    ci_low: float | None                  # interval of the speedup
+    ci_high: float | None
+    p_value: float | None                 # Wilcoxon signed-rank on paired log ratios
+    baseline_ms: tuple[float, ...] = ()
+    candidate_ms: tuple[float, ...] = ()
+    cold_start_ms: Mapping[str, float] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
+    identities: Mapping[str, Any] = field(default_factory=dict)
+    correctness: Mapping[str, Any] | None = None
+    state_hash: str | None = None
+    environment: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items()}
+        d["baseline_ms"], d["candidate_ms"] = list(self.baseline_ms), list(self.candidate_ms)
+        d["baseline_summary"] = summarize(self.baseline_ms).to_dict() if self.baseline_ms else None
+        d["candidate_summary"] = summarize(self.candidate_ms).to_dict() if self.candidate_ms else None
+        for k in ("cold_start_ms", "params", "identities", "environment"):
+            d[k] = dict(d[k])
+        return d
+
+    def table(self) -> str:
+        from tabulate import tabulate
+
+        rows = []
+        for label, xs in (("baseline", self.baseline_ms), ("candidate", self.candidate_ms)):
+            if xs:
+                s = summarize(xs)
+                rows.append([label, self.identities.get(label, {}).get("name", "-"), f"{self.cold_start_ms.get(label, math.nan):.3f}",
+                             f"{s.median:.4f}", f"{s.iqr:.4f}", f"{s.min:.4f}", f"{s.max:.4f}", s.n])
+        out = tabulate(rows, headers=["", "callable", "cold ms", "median ms", "IQR ms", "min ms", "max ms", "n"],
+                       disable_numparse=True) if rows else ""
+        sp = "-" if self.speedup is None else f"{self.speedup:.3f}x [{self.ci_low:.3f}, {self.ci_high:.3f}]"
+        p = "-" if self.p_value is None else f"{self.p_value:.2g}"
+        return f"{out}\nspeedup {sp}, p={p}: {self.verdict} ({self.reason})".lstrip()
+
+
+def paired_decision(base_ms, cand_ms, alpha: float = 0.01, min_effect: float = 0.01,
+                    confidence: float = 0.95, seed: int = 0) -> tuple[str, str, float, float, float, float]:
+    """Pure: verdict, reason, speedup, CI and p from paired samples (same index = same pair)."""
+    a, b = np.asarray(base_ms, float), np.asarray(cand_ms, float)
+    if a.shape != b.shape or a.size < 6:
+        raise ValueError("paired decision needs equal-length samples, at least 6 pairs")
+    if np.any(a <= 0) or np.any(b <= 0):
+        return NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio", math.nan, math.nan, math.nan, 1.0
+    r = np.log(a) - np.log(b)            # > 0: candidate faster
+    speedup = float(math.exp(np.median(r)))
+    if np.all(r == r[0]):
+        lo = hi = speedup
+        p = 0.0 if r[0] != 0 and a.size >= 20 else 1.0
+    else:
+        ci = _st.bootstrap((r,), np.median, confidence_level=confidence, n_resamples=2000, method="percentile",
+                           random_state=np.random.default_rng(seed), vectorized=True, axis=-1).confidence_interval
+        lo, hi = float(math.exp(ci.low)), float(math.exp(ci.high))
+        nonzero = r[r != 0]
+        p = float(_st.wilcoxon(nonzero).pvalue) if nonzero.size >= 6 else 1.0
+    if p < alpha and lo > 1 + min_effect:
+        return FASTER, f"significant (p={p:.2g} < {alpha}) and the whole interval beyond +{min_effect:.0%}", speedup, lo, hi, p
+    if p < alpha and hi < 1 / (1 + min_effect):
+        return SLOWER, f"significant (p={p:.2g} < {alpha}) and the whole interval beyond -{min_effect:.0%}", speedup, lo, hi, p
+    return NO_DIFFERENCE, f"p={p:.2g}, interval [{lo:.3f}, {hi:.3f}] (needs p < {alpha} and a change beyond {min_effect:.0%})", speedup, lo, hi, p
+
+
+def ab(baseline: Callable[[], Any], candidate: Callable[[], Any], *, device: str = "cpu", warmup: int = 5,
+       repeats: int = 60, alpha: float = 0.01, min_effect: float = 0.01, seed: int = 0,
+       correctness=None, state_hash: str | None = None, environment: Mapping[str, Any] | None = None,
+       clock: Callable[[], int] | None = None, backend: Backend | None = None, name: str = "ab") -> ABResult:
+    """Time two zero-argument callables interleaved, pair by pair, and decide.
+
+    `correctness`: a ValidationReport; when it failed, nothing is timed and the verdict is
+    "rejected: incorrect". The primary figure is GPU time on CUDA, host time on the CPU.
+    """
+    for label, fn in (("baseline", baseline), ("candidate", candidate)):
+        if not callable(fn):
+            raise ScenarioError(name, f"{label} must be callable, got {type(fn).__name__}")
+    if not isinstance(repeats, int) or repeats < 6:
+        raise ScenarioError(name, f"repeats must be an integer >= 6 (pairs), got {repeats!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ScenarioError(name, f"warmup must be an integer >= 0, got {warmup!r}")
+    params = {"device": device, "warmup": warmup, "repeats": repeats, "alpha": alpha, "min_effect": min_effect,
+              "seed": seed, "order": "random per pair"}
+    ident = {"baseline": source_identity(baseline), "candidate": source_identity(candidate)}
+    corr = correctness.to_dict() if correctness is not None else None
+    common = dict(params=params, identities=ident, correctness=corr, state_hash=state_hash,
+                  environment=environment or {})
+    if correctness is not None and not correctness.ok:
+        return ABResult(REJECTED, "the candidate failed correctness, so it gets no speed verdict",
+                        None, None, None, None, **common)
+    backend = backend or backend_for(device)
+    clock = clock or time.perf_counter_ns
+    fns = {"baseline": baseline, "candidate": candidate}
+
+    def timed(label: str) -> float:
+        try:
+            host, gpu = _timed(fns[label], 1, backend, clock)
+        except Exception as exc:
+            raise ScenarioError(name, f"{label} raised {type(exc).__name__}: {exc}") from exc
+        return gpu if gpu is not None else host
+
+    rng = random.Random(seed)
+    order = ["baseline", "candidate"]
+    cold = {}
+    for label in order:  # cold starts kept apart, one each
+        cold[label] = timed(label)
+    for _ in range(warmup):
+        for label in rng.sample(order, 2):
+            timed(label)
+    samples = {"baseline": [], "candidate": []}
+    with _gc_off():
+        for _ in range(repeats):
+            for label in rng.sample(order, 2):
+                samples[label].append(timed(label))
+    for label, xs in samples.items():
+        bad = [v for v in xs if not math.isfinite(v) or v < 0]
+        if bad:
+            raise ScenarioError(name, f"{label} produced an impossible sample {bad[0]!r} ms")
+    verdict, reason, sp, lo, hi, p = paired_decision(samples["baseline"], samples["candidate"], alpha, min_effect,
+                                                      seed=seed)
+    return ABResult(verdict, reason, sp, lo, hi, p, tuple(samples["baseline"]), tuple(samples["candidate"]),
+                    cold, **common)

@@ -1,0 +1,241 @@
+"""A saved starting state: model, optimizer, RNG, numeric flags and input batches, restorable exactly.
+
+Training steps change weights, so two candidates are comparable only from the same start. Capture
+takes deep copies (never live references); restore loads copies back, so the saved state survives a
+candidate that mutates what it is given.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import os
+import random
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from .errors import StorageError
+
+STATE_FORMAT = "bench_core.state"
+STATE_SCHEMA_VERSION = 1  # 1 (0.1.0): first version; payload + meta + sha256 of the payload's content
+
+
+def _clone(obj: Any) -> Any:
+    """Deep copy with tensors detached and cloned (deepcopy refuses non-leaf tensors)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, Mapping):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return tuple(_clone(v) for v in obj)
+    if isinstance(obj, list):
+        return [_clone(v) for v in obj]
+    return copy.deepcopy(obj)
+
+
+def _to(obj: Any, device: str | torch.device | None) -> Any:
+    if device is None:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, Mapping):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
+
+
+def _feed(h, obj: Any) -> None:
+    """Hash content, not pickle bytes: the same state hashes the same across processes and saves."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, Mapping):
+        h.update(b"{")
+        for k in sorted(obj, key=str):
+            h.update(repr(k).encode())
+            _feed(h, obj[k])
+        h.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"[")
+        for v in obj:
+            _feed(h, v)
+        h.update(b"]")
+    else:
+        h.update(repr(obj).encode())
+
+
+def content_hash(obj: Any) -> str:
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+def _capture_rng() -> dict:
+    rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        rng["numpy"] = (name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss))
+    except ImportError:  # pragma: no cover - numpy comes with scipy
+        pass
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def _restore_rng(rng: Mapping) -> None:
+    random.setstate(_python_state(rng["python"]))
+    torch.set_rng_state(rng["torch"].cpu())
+    if "numpy" in rng:
+        import numpy as np
+
+        name, keys, pos, has_gauss, gauss = rng["numpy"]
+        np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
+    if "cuda" in rng and torch.cuda.is_available():
+        states = rng["cuda"]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([s.cpu() for s in states])
+
+
+def _python_state(state):
+    # a file round trip turns the inner tuple into a list; random.setstate wants tuples
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+def _capture_flags() -> dict:
+    return {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "allow_tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "allow_tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def _restore_flags(flags: Mapping) -> None:
+    torch.use_deterministic_algorithms(flags["deterministic_algorithms"])
+    torch.backends.cuda.matmul.allow_tf32 = flags["allow_tf32_matmul"]
+    torch.backends.cudnn.allow_tf32 = flags["allow_tf32_cudnn"]
+    torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
+    torch.backends.cudnn.deterministic = flags["cudnn_deterministic"]
+    torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
+
+
+def _describe(obj: Any, prefix: str, out: dict) -> dict:
+    if isinstance(obj, torch.Tensor):
+        out[prefix] = {"shape": list(obj.shape), "dtype": str(obj.dtype), "device": str(obj.device)}
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            _describe(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _describe(v, f"{prefix}[{i}]", out)
+    return out
+
+
+class StartingState:
+    """Model and optimizer state, RNG states, numeric flags and input batches, as deep copies."""
+
+    __slots__ = ("_payload", "_hash")
+
+    def __init__(self, payload: Mapping[str, Any], _known_hash: str | None = None):
+        self._payload = payload
+        self._hash = _known_hash or content_hash(payload)
+
+    # -- capture and restore ---------------------------------------------------------------------
+    @classmethod
+    def capture(cls, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                batches: Iterable[Any] = ()) -> "StartingState":
+        batches = list(batches)
+        if not batches:
+            raise ValueError("a starting state needs at least one input batch")
+        return cls({
+            "model": _clone(model.state_dict()),
+            "optimizer": _clone(optimizer.state_dict()) if optimizer is not None else None,
+            "rng": _clone(_capture_rng()),
+            "flags": _capture_flags(),
+            "batches": _clone(batches),
+        })
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                device: str | torch.device | None = None) -> list[Any]:
+        """Put model, optimizer, RNG and flags back; return fresh copies of the batches (on `device`)."""
+        p = self._payload
+        model.load_state_dict(_clone(p["model"]))
+        if device is not None:
+            model.to(device)
+        if optimizer is not None:
+            if p["optimizer"] is None:
+                raise ValueError("this starting state holds no optimizer state")
+            optimizer.load_state_dict(_to(_clone(p["optimizer"]), device))
+        _restore_rng(p["rng"])
+        _restore_flags(p["flags"])
+        return _to(_clone(p["batches"]), device)
+
+    # -- identity --------------------------------------------------------------------------------
+    @property
+    def hash(self) -> str:
+        return self._hash
+
+    @property
+    def batches(self) -> list[Any]:
+        """Copies: the saved batches themselves are never handed out."""
+        return _clone(self._payload["batches"])
+
+    def intact(self) -> bool:
+        """True when nothing has changed the saved tensors since capture."""
+        return content_hash(self._payload) == self._hash
+
+    def metadata(self) -> dict:
+        p = self._payload
+        return {
+            "torch": str(torch.__version__),
+            "hash": self._hash,
+            "model": _describe(p["model"], "", {}),
+            "batches": _describe(p["batches"], "batches", {}),
+            "has_optimizer": p["optimizer"] is not None,
+            "flags": dict(p["flags"]),
+        }
+
+    # -- files -----------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+        from .storage import atomic_write
+
+        buf = io.BytesIO()
+        torch.save({"format": STATE_FORMAT, "schema_version": STATE_SCHEMA_VERSION, "meta": self.metadata(),
+                    "hash": self._hash, "payload": self._payload}, buf)
+        return atomic_write(Path(path), buf.getvalue(), overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, map_location: str | torch.device | None = None) -> "StartingState":
+        """Read a saved state; a damaged or foreign file is refused. `map_location` moves it to a device."""
+        path = Path(path)
+        if not path.exists():
+            raise StorageError(path, "starting-state file does not exist")
+        try:
+            doc = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise StorageError(path, f"cannot read the starting state ({type(exc).__name__}: {exc})",
+                               hint="the file is truncated or not a bench_core state; save it again") from None
+        if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+            raise StorageError(path, "not a bench_core starting state", field="format")
+        version = doc.get("schema_version")
+        if not isinstance(version, int) or version > STATE_SCHEMA_VERSION:
+            raise StorageError(path, f"schema version {version!r} is not one this bench_core reads",
+                               field="schema_version", hint="upgrade bench_core")
+        checked = content_hash(doc["payload"])  # verified on the CPU, before any move
+        if checked != doc.get("hash"):
+            raise StorageError(path, "content hash does not match: the file was changed or damaged", field="hash")
+        state = cls(_to(doc["payload"], map_location), _known_hash=checked)
+        saved_torch = doc.get("meta", {}).get("torch")
+        if saved_torch and saved_torch.split(".")[:2] != torch.__version__.split(".")[:2]:
+            raise StorageError(path, f"saved with torch {saved_torch}, running {torch.__version__}",
+                               field="meta.torch", hint="results across torch versions are not comparable")
+        return state

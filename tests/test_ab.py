@@ -1,0 +1,127 @@
+import math
+
+import numpy as np
+import pytest
+
+from bench_core import ScenarioError
+from bench_core.ab import FASTER, NO_DIFFERENCE, REJECTED, SLOWER, ab, paired_decision, source_identity
+from bench_core.backends import CudaBackend
+from fakes import FakeClock, FakeGPU
+
+
+def _drifting(clock, base_ms, drift):
+    """A callable whose cost is base_ms times the machine's current speed factor drift()."""
+    def fn():
+        clock.advance_ms(base_ms * drift())
+    return fn
+
+
+def test_interleaving_cancels_drift_that_would_fool_separate_runs():
+    clock = FakeClock()
+    rng = np.random.default_rng(0)
+    level = {"v": 1.0}
+
+    def drift():
+        # the machine's speed wanders by +-10% between calls, far more than the 5% effect
+        level["v"] = float(np.clip(level["v"] * (1 + 0.03 * rng.standard_normal()), 0.9, 1.1))
+        return level["v"]
+
+    res = ab(_drifting(clock, 10.0, drift), _drifting(clock, 9.5, drift), clock=clock, repeats=40, warmup=2)
+    assert res.verdict == FASTER, res.reason
+    assert res.speedup == pytest.approx(10 / 9.5, rel=0.02)
+    assert res.ci_low > 1.01 and res.p_value < 0.01
+    assert len(res.baseline_ms) == len(res.candidate_ms) == 40
+
+
+def test_order_within_pairs_is_random_and_seeded():
+    clock = FakeClock()
+    calls = []
+    a = lambda: (calls.append("A"), clock.advance_ms(1))
+    b = lambda: (calls.append("B"), clock.advance_ms(1))
+    ab(a, b, clock=clock, repeats=20, warmup=0, seed=3)
+    first = list(calls)
+    pairs = [tuple(first[i:i + 2]) for i in range(2, len(first), 2)]
+    assert set(pairs) == {("A", "B"), ("B", "A")}       # both orders occur
+    calls.clear()
+    ab(a, b, clock=clock, repeats=20, warmup=0, seed=3)
+    assert calls == first                                # and the order is reproducible
+
+
+def test_exactly_equal_callables_are_no_difference():
+    clock = FakeClock()
+    res = ab(lambda: clock.advance_ms(2), lambda: clock.advance_ms(2), clock=clock)
+    assert res.verdict == NO_DIFFERENCE and res.speedup == 1.0
+
+
+def test_slower_candidate():
+    clock = FakeClock()
+    res = ab(lambda: clock.advance_ms(2), lambda: clock.advance_ms(2.2), clock=clock)
+    assert res.verdict == SLOWER and res.speedup == pytest.approx(2 / 2.2)
+
+
+def test_small_effect_below_min_effect_is_no_difference():
+    base = [10.0 + 0.01 * i for i in range(30)]
+    cand = [v / 1.004 for v in base]                     # a real but negligible 0.4%
+    verdict, *_ = paired_decision(base, cand, min_effect=0.01)
+    assert verdict == NO_DIFFERENCE
+
+
+def test_incorrect_candidate_gets_no_speed_verdict_and_is_not_timed():
+    class Failed:
+        ok = False
+
+        def to_dict(self):
+            return {"ok": False}
+
+    called = []
+    res = ab(lambda: called.append(1), lambda: called.append(2), correctness=Failed())
+    assert res.verdict == REJECTED and res.speedup is None and not called
+    assert res.correctness == {"ok": False}
+
+
+def test_cuda_ab_uses_event_time():
+    clock = FakeClock()
+    gpu = FakeGPU(clock)
+    res = ab(lambda: gpu.launch(2.0, 0.1), lambda: gpu.launch(1.0, 0.1), device="cuda", clock=clock,
+             backend=CudaBackend(gpu))
+    assert res.verdict == FASTER and res.speedup == pytest.approx(2.1 / 1.1)
+
+
+def test_record_holds_what_makes_it_reproducible():
+    clock = FakeClock()
+
+    def base():
+        clock.advance_ms(2)
+
+    res = ab(base, lambda: clock.advance_ms(1), clock=clock, state_hash="abc", environment={"device": "cpu"})
+    d = res.to_dict()
+    assert d["identities"]["baseline"]["name"].endswith("test_record_holds_what_makes_it_reproducible.<locals>.base")
+    assert len(d["identities"]["baseline"]["source_sha256"]) == 64
+    assert d["params"]["repeats"] == 60 and d["params"]["order"] == "random per pair"
+    assert d["state_hash"] == "abc" and d["baseline_summary"]["median"] == 2.0
+    assert set(d["cold_start_ms"]) == {"baseline", "candidate"}
+    assert "speedup 2.000x" in res.table()
+
+
+def test_source_identity_of_a_builtin_is_not_observed():
+    assert source_identity(len)["source_sha256"] is None
+
+
+def test_bad_input_names_the_comparison():
+    with pytest.raises(ScenarioError, match="'opt': candidate must be callable"):
+        ab(lambda: None, 3, name="opt")
+    with pytest.raises(ScenarioError, match="repeats must be an integer >= 6"):
+        ab(lambda: None, lambda: None, repeats=3)
+
+    def boom():
+        raise RuntimeError("x")
+
+    with pytest.raises(ScenarioError, match="candidate raised RuntimeError"):
+        ab(lambda: None, boom)
+
+
+def test_paired_decision_refuses_unpaired_input():
+    with pytest.raises(ValueError):
+        paired_decision([1.0] * 10, [1.0] * 9)
+    v, reason, *_ = paired_decision([0.0] * 10, [1.0] * 10)
+    assert v == NO_DIFFERENCE and "0 ms" in reason
