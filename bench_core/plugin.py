@@ -142,6 +142,29 @@ class BenchFixture:
         return m
 
 
+    def validate(self, baseline, candidate, state, model, optimizer=None, **kwargs):
+        """Correctness from a saved state; a failure fails this test with the full report."""
+        from bench_core.validate import validate
+
+        rep = validate(baseline, candidate, state, model, optimizer, device=None, **kwargs)
+        self._node.user_properties.append(("bench_correct", rep.ok))
+        return rep
+
+    def ab(self, name, baseline, candidate, *, validation=None, **kwargs):
+        """Interleaved A/B timing after correctness; an incorrect candidate fails this test."""
+        from bench_core.ab import REJECTED
+        from bench_core.errors import ScenarioError
+
+        try:
+            res = self._session.ab(name, baseline, candidate, validation=validation, **kwargs)
+        except ScenarioError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        self._node.user_properties.append(("bench_ab_verdict", res.verdict))
+        if res.verdict == REJECTED:
+            pytest.fail(f"A/B {name!r}: candidate rejected as incorrect\n{validation.table()}", pytrace=False)
+        return res
+
+
 @pytest.fixture
 def bench(request):
     session = _session(request.config)
@@ -152,13 +175,18 @@ def bench(request):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     session = _session(config)
-    if session is None or (not session.results and not session.errors):
+    if session is None or (not session.results and not session.errors and not session.decisions):
         return
     from bench_core.report import comparison_table, session_table
 
     tr = terminalreporter
     tr.section("bench_core results")
     tr.write_line(session_table(session.results, session.errors))
+    if session.decisions:
+        from bench_core.report import decisions_table
+
+        tr.section("bench_core A/B decisions (interleaved, paired)")
+        tr.write_line(decisions_table(session.decisions))
     if session.baseline is not None:
         tr.section(f"bench_core comparison with baseline {session.config.compare!r}")
         tr.write_line(comparison_table(session.comparisons, "bonferroni over the baseline's scenarios",

@@ -7,6 +7,7 @@ from tabulate import tabulate
 
 from .compare import Comparison
 from .records import Measurement
+from .stats import summarize
 
 NOT_OBSERVED = "n/o"  # not observed is not zero
 
@@ -85,3 +86,16 @@ def comparison_table(comparisons: Sequence[Comparison], method: str, alpha: floa
     notes = [f"{c.name}: {c.verdict}: {c.reason}" for c in comparisons if c.verdict != "unchanged"]
     foot = f"\np-values adjusted across {len(comparisons)} scenario(s) by {method}; alpha={alpha}"
     return body + foot + ("\n" + "\n".join(notes) if notes else "")
+
+
+def decisions_table(decisions, fmt: str = "simple") -> str:
+    """One row per A/B decision: medians, speedup with interval, p, correctness, verdict."""
+    rows = []
+    for name, r in decisions:
+        med = lambda xs: _ms(summarize(xs).median) if xs else "-"
+        corr = "-" if r.correctness is None else ("pass" if r.correctness.get("ok") else "FAIL")
+        sp = "-" if r.speedup is None else f"{r.speedup:.3f}x [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+        p = "-" if r.p_value is None else f"{r.p_value:.2g}"
+        rows.append([name, med(r.baseline_ms), med(r.candidate_ms), sp, p, len(r.baseline_ms), corr, r.verdict])
+    return tabulate(rows, headers=["comparison", "baseline ms", "candidate ms", "speedup [95% CI]", "p", "pairs",
+                                   "correct", "verdict"], tablefmt=fmt, disable_numparse=True)

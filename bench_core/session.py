@@ -45,6 +45,7 @@ class BenchSession:
         self.results: list[Measurement] = []
         self.errors: list[tuple[str, str]] = []
         self.comparisons: list[Comparison] = []
+        self.decisions: list[tuple[str, Any]] = []   # (name, ABResult)
         self._measure = measure_fn
         self.baseline: dict[str, list[Measurement]] | None = None
         if config.save:
@@ -122,16 +123,39 @@ class BenchSession:
         seen = {m.name for m in self.results} | {n for n, _ in self.errors}
         return [n for n in self.baseline if n not in seen]
 
+    def ab(self, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any], *, validation=None,
+           state_hash: str | None = None, **kwargs):
+        """Interleaved A/B of two callables on this session's device, after their correctness result."""
+        from .ab import ab
+
+        if self.config.quick:
+            kwargs.setdefault("repeats", 10)
+            kwargs.setdefault("warmup", 1)
+        if state_hash is None and validation is not None:
+            state_hash = validation.state_hash
+        try:
+            res = ab(baseline, candidate, device=self.config.device, correctness=validation, state_hash=state_hash,
+                     environment=self.environment, name=name, **kwargs)
+        except ScenarioError as exc:
+            self.errors.append((name, exc.problem))
+            raise
+        self.decisions.append((name, res))
+        return res
+
     # -- storing ---------------------------------------------------------------------------------
     def finish(self) -> list[str]:
         """Write what the session produced; returns lines to show the user."""
         lines = []
-        if not self.results and not self.errors:
+        if not self.results and not self.errors and not self.decisions:
             return lines
         if self.config.results_dir is not None:
             p = storage.write_session(self.config.results_dir, self.results, self.environment,
                                       [{"scenario": n, "problem": p} for n, p in self.errors])
             lines.append(f"results written to {p}")
+        if self.config.results_dir is not None:
+            for name, res in self.decisions:
+                p = storage.write_decision(self.config.results_dir, res.to_dict(), name)
+                lines.append(f"decision record for {name!r} written to {p}")
         if self.config.pb_json is not None:
             from .timers import to_pytest_benchmark
             import json

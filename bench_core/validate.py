@@ -174,6 +174,25 @@ def run_variant(variant: Variant, state: StartingState, model: torch.nn.Module,
     return records, mutations
 
 
+def bind(variant: Variant | Callable, state: StartingState, model: torch.nn.Module,
+         optimizer: torch.optim.Optimizer | None = None, device=None) -> Callable[[], Any]:
+    """A zero-argument step for timing: this variant on its own model, restored from `state`,
+    cycling through the saved batches. Give each variant its own model instance."""
+    variant = as_variant(variant)
+    opt = variant.optimizer(model.parameters()) if variant.optimizer is not None else optimizer
+    batches = state.restore(model, opt, device=device)
+    i = {"n": 0}
+
+    def step():
+        out = variant.step(model, opt, batches[i["n"] % len(batches)])
+        i["n"] += 1
+        return out
+
+    step.__qualname__ = f"bound({variant.label})"
+    step.__wrapped__ = variant.step  # source identity follows the variant's own code
+    return step
+
+
 def _flat(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]

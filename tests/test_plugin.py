@@ -197,3 +197,39 @@ def test_pytest_benchmark_json_export_is_read_by_its_compare(bt):
                          capture_output=True, text=True, cwd=bt.path)
     assert out.returncode == 0, out.stderr
     assert "alpha" in out.stdout and "beta" in out.stdout
+
+
+def test_ab_through_the_fixture_reports_and_records_decisions(bt):
+    bt.makepyfile(test_ab='''
+import pytest
+from fakes import FakeClock
+
+class Report:
+    def __init__(self, ok):
+        self.ok = ok
+        self.state_hash = "feed"
+    def to_dict(self):
+        return {"ok": self.ok}
+    def table(self):
+        return "correctness: FAIL (made up)"
+
+def test_fast(bench):
+    clock = FakeClock()
+    res = bench.ab("halved", lambda: clock.advance_ms(2), lambda: clock.advance_ms(1), validation=Report(True),
+                   clock=clock)
+    assert res.verdict == "faster" and res.state_hash == "feed"
+
+def test_wrong(bench):
+    bench.ab("wrong", lambda: None, lambda: None, validation=Report(False))
+''')
+    res = bt.runpytest()
+    res.assert_outcomes(passed=1, failed=1)
+    res.stdout.fnmatch_lines(["*A/B 'wrong': candidate rejected as incorrect*", "*correctness: FAIL (made up)*",
+                              "*bench_core A/B decisions*",
+                              "halved*2.000*1.000*2.000x*60*pass*faster",
+                              "wrong*-*-*FAIL*rejected: incorrect"])
+    records = sorted((bt.path / ".bench" / "results").glob("decision-*.json"))
+    assert [json.loads(p.read_text())["name"] for p in records] == ["halved", "wrong"]
+    doc = json.loads(records[0].read_text())
+    assert doc["format"] == "bench_core.decision" and len(doc["baseline_ms"]) == 60
+    assert doc["correctness"] == {"ok": True} and doc["environment"]["device"] == "cpu"
