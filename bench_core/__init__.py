@@ -6,8 +6,13 @@ from .errors import BenchError, InvalidRecord, ScenarioError, StorageError  # no
 from .scenario import STAGES, Scenario  # noqa: E402
 from .records import ColdStart, Measurement, Memory  # noqa: E402
 from .measure import measure  # noqa: E402
+from .diagnose import stage  # noqa: E402
+from .ab import ab  # noqa: E402
+from .state import StartingState  # noqa: E402
+from .validate import Tolerance, Variant, validate  # noqa: E402
 
 __all__ = [
     "__version__", "BenchError", "InvalidRecord", "ScenarioError", "StorageError",
-    "STAGES", "Scenario", "ColdStart", "Measurement", "Memory", "measure",
+    "STAGES", "Scenario", "ColdStart", "Measurement", "Memory", "measure", "stage", "ab", "StartingState",
+    "Tolerance", "Variant", "validate",
 ]

@@ -24,6 +24,12 @@ OPT_ALPHA = "--bench-alpha"
 OPT_RUN_NOISE = "--bench-run-noise"
 OPT_ALLOW_ENV = "--bench-allow-env-mismatch"
 OPT_PB_JSON = "--bench-pb-json"
+OPT_PROFILE = "--bench-profile"
+OPT_PROFILE_SHAPES = "--bench-profile-shapes"
+OPT_PROFILE_MEMORY = "--bench-profile-memory"
+OPT_PROFILE_STACK = "--bench-profile-stack"
+OPT_PROFILE_TB = "--bench-profile-tensorboard"
+OPT_PROFILE_REFUSE = "--bench-profile-refuse-sensitive"
 
 _KEY = pytest.StashKey["object"]()
 
@@ -46,6 +52,14 @@ def pytest_addoption(parser):
     g.addoption(OPT_RUN_NOISE, type=float, default=None, help="prior run-to-run spread, a fraction")
     g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
     g.addoption(OPT_PB_JSON, default=None, help="also write the results in pytest-benchmark's JSON format here")
+    g.addoption(OPT_PROFILE, metavar="DIR", default=None,
+                help="diagnose: after each measurement, one profiler pass; traces and hypotheses go to DIR")
+    g.addoption(OPT_PROFILE_SHAPES, action="store_true", help="diagnose: record input shapes (adds cost)")
+    g.addoption(OPT_PROFILE_MEMORY, action="store_true", help="diagnose: profile memory, and show memory by op")
+    g.addoption(OPT_PROFILE_STACK, action="store_true", help="diagnose: record Python stacks (adds cost)")
+    g.addoption(OPT_PROFILE_TB, action="store_true", help="diagnose: also write for the TensorBoard profiler plugin")
+    g.addoption(OPT_PROFILE_REFUSE, action="store_true",
+                help="diagnose: refuse to write a trace holding sensitive strings, instead of redacting them")
 
 
 def pytest_configure(config):
@@ -69,13 +83,25 @@ def pytest_configure(config):
     try:
         gate = GateConfig(allow_env_mismatch=config.getoption(OPT_ALLOW_ENV), **gate_kw)
         root = Path(str(config.rootpath))
+        prof = None
+        if config.getoption(OPT_PROFILE):
+            from bench_core.diagnose import ProfileConfig, check_cuda_profiling
+
+            if device == "cuda":
+                check_cuda_profiling()
+            prof = ProfileConfig(folder=Path(config.getoption(OPT_PROFILE)), device=device,
+                                 record_shapes=config.getoption(OPT_PROFILE_SHAPES),
+                                 profile_memory=config.getoption(OPT_PROFILE_MEMORY),
+                                 with_stack=config.getoption(OPT_PROFILE_STACK),
+                                 tensorboard=config.getoption(OPT_PROFILE_TB),
+                                 refuse_sensitive=config.getoption(OPT_PROFILE_REFUSE))
         scfg = SessionConfig(
             device=device, warmup=config.getoption(OPT_WARMUP), repeats=config.getoption(OPT_REPEATS),
             quick=config.getoption(OPT_QUICK), threads=config.getoption(OPT_THREADS),
             results_dir=None if config.getoption(OPT_NO_OUT) else root / config.getoption(OPT_OUT),
             baselines_dir=root / config.getoption(OPT_BASELINES), save=config.getoption(OPT_SAVE),
             append=config.getoption(OPT_APPEND), compare=config.getoption(OPT_COMPARE),
-            pb_json=config.getoption(OPT_PB_JSON), gate=gate,
+            pb_json=config.getoption(OPT_PB_JSON), gate=gate, profile=prof,
         )
         config.stash[_KEY] = BenchSession(scfg, fingerprint(device, root=str(root)))
     except (BenchError, ValueError) as exc:
@@ -187,6 +213,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
         tr.section("bench_core A/B decisions (interleaved, paired)")
         tr.write_line(decisions_table(session.decisions))
+    for p in session.profiles:
+        from bench_core.trace_analysis import hypotheses_table
+
+        tr.section(f"bench_core diagnose: {p.scenario} (profiled separately; not in any result)")
+        tr.write_line(p.table)
+        tr.write_line(hypotheses_table(p.hypotheses, p.facts))
+        where = f"trace: {p.trace_path}" if p.trace_path else "trace: not written"
+        tr.write_line(f"{where} ({p.redaction})")
     if session.baseline is not None:
         tr.section(f"bench_core comparison with baseline {session.config.compare!r}")
         tr.write_line(comparison_table(session.comparisons, "bonferroni over the baseline's scenarios",

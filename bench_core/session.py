@@ -35,6 +35,7 @@ class SessionConfig:
     compare: str | None = None
     pb_json: Path | None = None
     gate: GateConfig = field(default_factory=GateConfig)
+    profile: Any = None                # a diagnose.ProfileConfig: one profiler pass after each measurement
 
 
 class BenchSession:
@@ -46,6 +47,7 @@ class BenchSession:
         self.errors: list[tuple[str, str]] = []
         self.comparisons: list[Comparison] = []
         self.decisions: list[tuple[str, Any]] = []   # (name, ABResult)
+        self.profiles: list[Any] = []                 # diagnose.ProfileResult, never mixed into results
         self._measure = measure_fn
         self.baseline: dict[str, list[Measurement]] | None = None
         if config.save:
@@ -85,6 +87,10 @@ class BenchSession:
         again = {k: v for k, v in kwargs.items() if k != "load"}  # the cold start happened once
         m, c = self.gate(first, lambda: self.measure(scenario, fn, **again))
         self.results.append(m)
+        if self.config.profile is not None:  # after the measurement, never inside it
+            from .diagnose import profile
+
+            self.profiles.append(profile(scenario.name, fn, self.config.profile, setup=kwargs.get("setup")))
         return m, c
 
     # -- gating ----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from bench_core import Scenario
+from bench_core.diagnose import stage
 from models import MLP, SmallCNN, synthetic_images
 
 
@@ -60,15 +61,20 @@ def test_train_step(bench, kind, source):
         window = ("batch_read", "transfer", "forward", "backward", "optimizer_step")
 
         def next_batch():
-            xb, yb = next(it)
-            return xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
+            with stage("batch_read"):
+                xb, yb = next(it)
+            with stage("transfer"):
+                return xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
 
     def step():
         xb, yb = next_batch()
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb), yb)
-        loss.backward()
-        opt.step()
+        with stage("forward"):
+            loss = loss_fn(model(xb), yb)
+        with stage("backward"):
+            loss.backward()
+        with stage("optimizer_step"):
+            opt.step()
         losses.append(loss.detach())
 
     scenario = Scenario(

@@ -1,0 +1,219 @@
+"""From a profiler trace to hypotheses: observation -> hypothesis -> next check. Pure functions.
+
+Works on Chrome-trace events (what torch.profiler exports). Every row carries the numbers it rests
+on; none claims a cause or a speed-up. A figure the trace cannot give (no GPU events) is reported as
+not observed, never as zero.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+STAGE_PREFIX = "stage::"
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    rule: str
+    observation: str
+    hypothesis: str
+    next_check: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class TraceFacts:
+    steps: int
+    step_us: float | None                # mean wall time of a profiler step
+    gpu_observed: bool
+    gpu_busy_us: float | None            # per step; None when GPU activity was not observed
+    stage_us: Mapping[str, float]        # per step, from stage:: labels
+    notes: tuple[str, ...] = ()
+
+
+def _complete(events: Iterable[Mapping]) -> list[Mapping]:
+    return [e for e in events if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+
+
+def _union_us(intervals: Sequence[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def _overlap_us(spans: Sequence[tuple[float, float]], busy: Sequence[tuple[float, float]]) -> float:
+    """Time inside `spans` during which `busy` intervals run (busy merged first)."""
+    merged: list[list[float]] = []
+    for s, e in sorted(busy):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    total = 0.0
+    for s, e in spans:
+        for bs, be in merged:
+            total += max(0.0, min(e, be) - max(s, bs))
+    return total
+
+
+def facts(events: Iterable[Mapping]) -> TraceFacts:
+    ev = _complete(events)
+    steps = [e for e in ev if STEP_RE.match(str(e.get("name", "")))]
+    n = len(steps) or 1
+    gpu = [e for e in ev if e.get("cat") in GPU_CATS]
+    stage = defaultdict(float)
+    for e in ev:
+        name = str(e.get("name", ""))
+        if name.startswith(STAGE_PREFIX) and e.get("cat") != "gpu_user_annotation":
+            stage[name[len(STAGE_PREFIX):]] += e["dur"] / n
+    notes = []
+    if not steps:
+        notes.append("no ProfilerStep markers: per-step figures are over the whole trace")
+    if not gpu:
+        notes.append("GPU activity not observed in this trace")
+    return TraceFacts(
+        steps=len(steps),
+        step_us=(sum(e["dur"] for e in steps) / len(steps)) if steps else None,
+        gpu_observed=bool(gpu),
+        gpu_busy_us=(_union_us([(e["ts"], e["ts"] + e["dur"]) for e in gpu]) / n) if gpu else None,
+        stage_us=dict(stage),
+        notes=tuple(notes),
+    )
+
+
+def analyze(events: Sequence[Mapping], *, idle_fraction: float = 0.5, min_launches: int = 100,
+            short_us: float = 10.0, dominant_share: float = 0.5) -> tuple[TraceFacts, list[Hypothesis]]:
+    ev = _complete(events)
+    f = facts(ev)
+    n = max(f.steps, 1)
+    rows: list[Hypothesis] = []
+
+    # 1. the device idle while a batch is read
+    reads = [(e["ts"], e["ts"] + e["dur"]) for e in ev
+             if e.get("name") == f"{STAGE_PREFIX}batch_read" and e.get("cat") != "gpu_user_annotation"]
+    if reads:
+        read_us = sum(e - s for s, e in reads)
+        if f.gpu_observed:
+            busy = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") in GPU_CATS]
+            idle = read_us - _overlap_us(reads, busy)
+            if read_us > 0 and idle / read_us >= idle_fraction:
+                rows.append(Hypothesis(
+                    "input_bound",
+                    f"the device is idle for {idle / n:.0f} us per step while a batch is read "
+                    f"({idle / read_us:.0%} of the {read_us / n:.0f} us batch read)",
+                    "the input pipeline cannot keep up with the device",
+                    "time the same compute on a prepared batch: benchmarks/test_pipeline.py::test_input_pipeline "
+                    "(prepared vs workers), or the train_step[...-dataloader] vs [...-prepared] scenarios"))
+        elif f.step_us and read_us / n / f.step_us >= 0.2:
+            rows.append(Hypothesis(
+                "input_bound",
+                f"reading a batch takes {read_us / n:.0f} us of a {f.step_us:.0f} us step "
+                f"({read_us / n / f.step_us:.0%}); device idle time not observed (no GPU events)",
+                "the input pipeline may be what the step waits for",
+                "time the same compute on a prepared batch: benchmarks/test_pipeline.py::test_input_pipeline"))
+
+    # 2. the same-sized host-to-device copy repeated every step
+    h2d = Counter()
+    for e in ev:
+        if e.get("cat") == "gpu_memcpy" and "HtoD" in str(e.get("name", "")):
+            h2d[(e.get("args") or {}).get("bytes")] += 1
+    for size, count in h2d.items():
+        if size is not None and f.steps and count >= f.steps:
+            rows.append(Hypothesis(
+                "repeated_h2d",
+                f"a {size}-byte host-to-device copy happens {count} times in {f.steps} steps",
+                "a constant is re-created on the host and copied to the device every step",
+                "create it once and compare outputs and time with an A/B validation (bench.validate + bench.ab; "
+                "see benchmarks/test_optimizations.py::test_constant_created_once)"))
+
+    # 3. many short kernels or launches dominating
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    if kernels:
+        per_step = len(kernels) / n
+        short = sum(1 for e in kernels if e["dur"] < short_us)
+        if per_step >= min_launches and short / len(kernels) >= 0.5:
+            rows.append(Hypothesis(
+                "fragmented",
+                f"{per_step:.0f} kernels per step, {short / len(kernels):.0%} of them shorter than {short_us:g} us",
+                "the work is fragmented into many small launches",
+                "batch or fuse the work and compare total cost: benchmarks/test_kernels.py::test_fragmented_work, "
+                "then an A/B validation of the change"))
+    else:
+        top = top_level([e for e in ev if e.get("cat") == "cpu_op"])
+        per_step = len(top) / n
+        if top and per_step >= min_launches and sum(1 for e in top if e["dur"] < short_us) / len(top) >= 0.5:
+            rows.append(Hypothesis(
+                "fragmented",
+                f"{per_step:.0f} top-level operators per step, most shorter than {short_us:g} us "
+                f"(GPU kernels not observed)",
+                "the work is fragmented into many small operator calls",
+                "batch or fuse the work and compare total cost: benchmarks/test_kernels.py::test_fragmented_work"))
+
+    # 4. one operator dominating
+    self_us = self_times(ev)
+    total = sum(self_us.values())
+    if total > 0:
+        name, t = max(self_us.items(), key=lambda kv: kv[1])
+        if t / total >= dominant_share:
+            where = "device" if f.gpu_observed else "CPU"
+            rows.append(Hypothesis(
+                "dominant_op",
+                f"{name} takes {t / total:.0%} of self {where} time ({t / n:.0f} us per step)",
+                "this operator's shapes or algorithm decide the step's cost",
+                f"time {name} alone on the same inputs (bench_core.measure), and compare alternatives with "
+                "bench_core.ab"))
+    return f, rows
+
+
+def top_level(ops: Sequence[Mapping]) -> list[Mapping]:
+    """Operators not nested inside another operator of the same thread (one pass over sorted events)."""
+    out, ends = [], {}
+    for e in sorted(ops, key=lambda e: (str(e.get("tid")), e["ts"], -e["dur"])):
+        tid = str(e.get("tid"))
+        if e["ts"] >= ends.get(tid, float("-inf")):
+            out.append(e)
+            ends[tid] = e["ts"] + e["dur"]
+    return out
+
+
+def self_times(ev: Sequence[Mapping]) -> dict[str, float]:
+    """Self time per name: GPU kernels when observed (their duration), else CPU operators minus children."""
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    out: dict[str, float] = defaultdict(float)
+    if kernels:
+        for e in kernels:
+            out[str(e["name"])] += e["dur"]
+        return dict(out)
+    ops = sorted((e for e in ev if e.get("cat") == "cpu_op"), key=lambda e: (e.get("tid"), e["ts"], -e["dur"]))
+    stack: list[tuple[float, Mapping]] = []
+    for e in ops:
+        while stack and (stack[-1][1].get("tid") != e.get("tid") or stack[-1][0] <= e["ts"]):
+            stack.pop()
+        out[str(e["name"])] += e["dur"]
+        if stack:
+            out[str(stack[-1][1]["name"])] -= e["dur"]
+        stack.append((e["ts"] + e["dur"], e))
+    return dict(out)
+
+
+def hypotheses_table(rows: Sequence[Hypothesis], f: TraceFacts, fmt: str = "simple") -> str:
+    from tabulate import tabulate
+
+    head = (f"{f.steps} profiled steps; step {f.step_us:.0f} us" if f.step_us else f"{f.steps} profiled steps")
+    head += "; GPU busy " + (f"{f.gpu_busy_us:.0f} us/step" if f.gpu_busy_us is not None else "not observed")
+    if f.stage_us:
+        head += "; stages (us/step): " + ", ".join(f"{k} {v:.0f}" for k, v in f.stage_us.items())
+    if not rows:
+        return head + "\nno rule matched: nothing in this trace points at a hypothesis"
+    return head + "\n" + tabulate([[r.observation, r.hypothesis, r.next_check] for r in rows],
+                                  headers=["observation", "hypothesis", "next check"], tablefmt=fmt, maxcolwidths=[50, 34, 50])

@@ -1,0 +1,191 @@
+"""Diagnose mode: rules on small synthetic traces, redaction, and one real CPU profiler pass."""
+import json
+from collections import Counter
+
+import pytest
+
+from bench_core.redact import describe, redact
+from bench_core.trace_analysis import analyze, facts, hypotheses_table, self_times, top_level
+
+
+def X(name, ts, dur, cat="cpu_op", tid=1, **args):
+    e = {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "tid": tid}
+    if args:
+        e["args"] = args
+    return e
+
+
+def steps(n, length=1000):
+    return [X(f"ProfilerStep#{i}", i * length, length, cat="user_annotation") for i in range(n)]
+
+
+def test_input_bound_when_the_gpu_idles_during_batch_read():
+    ev = steps(3)
+    for i in range(3):
+        t = i * 1000
+        ev.append(X("stage::batch_read", t, 600, cat="user_annotation"))
+        ev.append(X("gemm_kernel", t + 650, 300, cat="kernel", tid=7))
+    f, rows = analyze(ev)
+    assert f.gpu_observed and f.steps == 3 and f.gpu_busy_us == pytest.approx(300)
+    (r,) = [r for r in rows if r.rule == "input_bound"]
+    assert "idle for 600 us per step" in r.observation and "100%" in r.observation
+    assert "prepared batch" in r.next_check and "test_input_pipeline" in r.next_check
+
+
+def test_no_input_bound_row_when_the_gpu_is_busy_while_reading():
+    ev = steps(2)
+    for i in range(2):
+        ev.append(X("stage::batch_read", i * 1000, 500, cat="user_annotation"))
+        ev.append(X("k", i * 1000, 900, cat="kernel", tid=7))
+    assert not [r for r in analyze(ev)[1] if r.rule == "input_bound"]
+
+
+def test_cpu_only_trace_reports_gpu_as_not_observed():
+    ev = steps(2) + [X("stage::batch_read", i * 1000, 400, cat="user_annotation") for i in range(2)]
+    f, rows = analyze(ev)
+    assert not f.gpu_observed and f.gpu_busy_us is None
+    assert "GPU activity not observed in this trace" in f.notes
+    (r,) = [r for r in rows if r.rule == "input_bound"]
+    assert "device idle time not observed" in r.observation
+    assert "GPU busy not observed" in hypotheses_table(rows, f)
+
+
+def test_repeated_same_size_h2d_copy():
+    ev = steps(4)
+    for i in range(4):
+        ev.append(X("Memcpy HtoD (Pageable -> Device)", i * 1000 + 10, 5, cat="gpu_memcpy", tid=7, bytes=40))
+    ev.append(X("Memcpy HtoD (Pageable -> Device)", 3500, 50, cat="gpu_memcpy", tid=7, bytes=4096))
+    rows = [r for r in analyze(ev)[1] if r.rule == "repeated_h2d"]
+    assert len(rows) == 1 and "40-byte host-to-device copy happens 4 times in 4 steps" in rows[0].observation
+    assert "create it once" in rows[0].next_check and "bench.ab" in rows[0].next_check
+
+
+def test_fragmented_kernels():
+    ev = steps(2, length=10000)
+    ev += [X(f"add_kernel", i * 20, 4, cat="kernel", tid=7) for i in range(400)]
+    (r,) = [r for r in analyze(ev)[1] if r.rule == "fragmented"]
+    assert r.observation.startswith("200 kernels per step, 100% of them shorter than 10 us")
+    assert "test_fragmented_work" in r.next_check
+
+
+def test_fragmented_cpu_ops_count_only_top_level():
+    ev = steps(1, length=100000)
+    for i in range(150):
+        ev.append(X("aten::add", i * 100, 5))
+        ev.append(X("aten::empty", i * 100 + 1, 1))   # nested inside the add: not a separate call
+    assert len(top_level([e for e in ev if e["cat"] == "cpu_op"])) == 150
+    (r,) = [r for r in analyze(ev)[1] if r.rule == "fragmented"]
+    assert r.observation.startswith("150 top-level operators per step")
+
+
+def test_dominant_operator_by_self_time():
+    ev = steps(1, length=10000) + [X("aten::linear", 0, 1000), X("aten::mm", 10, 900), X("aten::relu", 2000, 100)]
+    st = self_times(ev)
+    assert st == pytest.approx({"aten::linear": 100, "aten::mm": 900, "aten::relu": 100})
+    (r,) = [r for r in analyze(ev)[1] if r.rule == "dominant_op"]
+    assert "aten::mm takes 82% of self CPU time" in r.observation
+    assert "bench_core.ab" in r.next_check
+
+
+def test_no_rule_matches_a_balanced_trace():
+    ev = steps(1) + [X(f"op{i}", i * 100, 90) for i in range(5)]
+    f, rows = analyze(ev)
+    assert rows == [] and "no rule matched" in hypotheses_table(rows, f)
+
+
+def test_trace_without_step_markers_says_so():
+    f = facts([X("aten::mm", 0, 10)])
+    assert f.steps == 0 and f.step_us is None
+    assert any("no ProfilerStep markers" in n for n in f.notes)
+
+
+@pytest.mark.parametrize("planted, kind", [
+    ("contact jane.doe@example.com now", "email"),
+    ("ghp_abcdefghijklmnopqrstuvwxyz0123456789", "token"),
+    ("sk-proj-ABCDEFGHIJKLMNOPQRST", "token"),
+    ("password=hunter2", "secret"),
+    ("/home/alice/data/train.bin", "home_path"),
+    ("/Users/bob/models/x.pt", "home_path"),
+    ("C:\\Users\\carol\\x.pt", "home_path"),
+])
+def test_redaction_finds_and_replaces(planted, kind):
+    doc = {"traceEvents": [{"name": f"label {planted}", "args": {"File": planted}}], planted: 1}
+    clean, found = redact(doc)
+    text = json.dumps(clean)
+    assert f"<redacted:{kind}>" in text and found[kind] >= 3   # value, arg and key
+    for secret_part in ("jane.doe", "ghp_abc", "hunter2", "alice", "bob", "carol", "ABCDEFGHIJKLMNOP"):
+        assert secret_part not in text
+    assert describe(found).startswith("redacted")
+
+
+def test_redaction_leaves_ordinary_names_alone():
+    doc = {"traceEvents": [{"name": "aten::mm", "args": {"Input Dims": [[2, 3]]}}, {"name": "stage::forward"}]}
+    clean, found = redact(doc)
+    assert clean == doc and found == Counter() and describe(found) == "nothing sensitive found"
+
+
+PROFILED = '''
+import torch
+from bench_core import Scenario, stage
+
+def test_p(bench):
+    a = torch.randn(64, 64)
+    def step():
+        with stage("batch_read"):
+            b = torch.randn(64, 64)
+        with stage("forward"):
+            with torch.profiler.record_function("user jane.doe@example.com /home/alice/x"):
+                (a @ b).relu()
+    bench.run(Scenario("p", ("batch_read", "forward")), step)
+'''
+
+
+def test_profile_pass_writes_a_redacted_trace_and_keeps_results_clean(pytester):
+    pytester.makepyfile(test_p=PROFILED)
+    # in a subprocess: the profiler is process-wide state, and this is how users run it
+    res = pytester.runpytest_subprocess("--bench-profile", "prof", "--bench-repeats", "3")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["*bench_core diagnose: p (profiled separately; not in any result)*",
+                              "*Self CPU time total*", "*3 profiled steps*stages (us/step): batch_read*forward*",
+                              "*trace: *p.trace.json (redacted * email, * home_path)*"])
+    (trace,) = (pytester.path / "prof").glob("*.trace.json")
+    text = trace.read_text()
+    assert "jane.doe" not in text and "alice" not in text and "<redacted:email>" in text
+    assert "stage::forward" in text
+    (session,) = (pytester.path / ".bench" / "results").glob("session-*.json")
+    doc = json.loads(session.read_text())
+    assert len(doc["results"][0]["host_ms"]) == 3          # the profiled steps never became samples
+    assert "profile" not in json.dumps(doc).lower()
+    # a second run never overwrites the first trace
+    pytester.runpytest_subprocess("--bench-profile", "prof", "--bench-repeats", "3").assert_outcomes(passed=1)
+    assert len(list((pytester.path / "prof").glob("*.trace.json"))) == 2
+
+
+def test_profile_pass_can_refuse_to_write_sensitive_traces(pytester):
+    pytester.makepyfile(test_p=PROFILED)
+    res = pytester.runpytest_subprocess("--bench-profile", "prof", "--bench-repeats", "3",
+                                        "--bench-profile-refuse-sensitive", "--bench-profile-tensorboard")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["*trace: not written (redacted * email, * home_path (refused: no trace written))*"])
+    assert not list((pytester.path / "prof").rglob("*.json"))
+
+
+def test_gpu_profiling_without_cuda_activity_is_refused(pytester, monkeypatch):
+    import torch
+
+    import bench_core.devices
+
+    monkeypatch.setattr(bench_core.devices, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.profiler, "supported_activities", lambda: {torch.profiler.ProfilerActivity.CPU})
+    pytester.makepyfile(test_p=PROFILED)
+    res = pytester.runpytest("--gpu", "--bench-profile", "prof")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*cannot collect CUDA activity*refusing to present a CPU-only trace*"])
+
+
+def test_stage_is_inert_outside_the_profile_pass():
+    from bench_core.diagnose import _ACTIVE, stage
+
+    assert not _ACTIVE["on"]
+    with stage("forward") as s:
+        assert s._rf is None
