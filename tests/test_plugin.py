@@ -200,7 +200,7 @@ def test_pytest_benchmark_json_export_is_read_by_its_compare(bt):
 
 
 def test_ab_through_the_fixture_reports_and_records_decisions(bt):
-    bt.makepyfile(test_ab='''
+    bt.makepyfile(test_inner_ab='''
 import pytest
 from fakes import FakeClock
 
