@@ -1,0 +1,70 @@
+"""Checks that need a real CUDA device: run with `pytest tests --gpu` (scripts/gpu_check.sh).
+
+Without --gpu they are skipped; their logic is covered on the CPU by the fakes in the other tests.
+"""
+import json
+
+import pytest
+import torch
+
+from bench_core import StartingState, measure
+from bench_core.environment import fingerprint
+
+pytestmark = pytest.mark.gpu
+
+
+def test_events_and_synchronized_host_time_on_a_real_gpu():
+    a = torch.randn(2048, 2048, device="cuda")
+    m = measure(lambda: a @ a, scenario="mm", device="cuda", warmup=3, repeats=10)
+    assert m.timer == "cuda_event" and len(m.gpu_ms) == 10
+    assert all(g > 0 for g in m.gpu_ms)
+    # the host figure waits for the GPU, so it can't be much below the GPU time
+    assert m.host_summary.median >= 0.9 * m.gpu_summary.median
+    assert m.memory.peak_allocated_bytes is not None and m.memory.device_allocs is not None
+
+
+def test_block_mode_on_a_real_gpu():
+    a = torch.randn(512, 512, device="cuda")
+    m = measure(lambda: a @ a, scenario="mm", device="cuda", warmup=3, repeats=5, mode="block", block_size=10)
+    assert m.mode == "block" and all(v > 0 for v in m.gpu_ms)
+
+
+def test_fingerprint_sees_the_gpu():
+    env = fingerprint("cuda")
+    assert env["gpu_name"] and env["gpu_capability"] and env["gpu_memory_bytes"] > 0
+    assert env["cuda_version"]
+
+
+def test_cuda_event_clock_with_pytest_benchmark_runner():
+    from bench_core.timers import cuda_event_clock
+
+    a = torch.randn(1024, 1024, device="cuda")
+    start = cuda_event_clock()
+    a @ a
+    end = cuda_event_clock()
+    assert (end - start) > 0
+
+
+def test_state_restores_cuda_rng_and_moves_devices(tmp_path):
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(model.parameters())
+    state = StartingState.capture(model, opt, [torch.randn(4, 8)])
+    path = state.save(tmp_path / "s.pt")
+    moved = StartingState.load(path, map_location="cuda")
+    assert moved.hash == state.hash
+    model.cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    b1 = moved.restore(model, opt)
+    r1 = torch.rand(3, device="cuda")
+    moved.restore(model, opt)
+    r2 = torch.rand(3, device="cuda")
+    assert torch.equal(r1, r2) and b1[0].is_cuda
+
+
+def test_profiler_collects_cuda_activity(tmp_path):
+    from bench_core.diagnose import ProfileConfig, profile
+
+    a = torch.randn(1024, 1024, device="cuda")
+    res = profile("mm", lambda: a @ a, ProfileConfig(folder=tmp_path, device="cuda"))
+    assert res.facts.gpu_observed and res.facts.gpu_busy_us > 0
+    json.loads(res.trace_path.read_text())
