@@ -79,15 +79,19 @@ def write_session(folder: Path, results: Sequence[Measurement], environment: Map
     """Write one session's results under a new, unused name in `folder`; returns the path."""
     doc = {"format": SESSION_FORMAT, "schema_version": SCHEMA_VERSION,
            **run_record(results, environment, errors)}
-    data = _dump(doc)
+    return _write_new(folder, "session", _dump(doc))
+
+
+def _write_new(folder: Path, stem: str, data: bytes) -> Path:
+    """Write under `<stem>-<utc time>[-i].json`, the first name not yet taken; never overwrites."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     for i in range(1000):
-        path = Path(folder) / (f"session-{stamp}.json" if i == 0 else f"session-{stamp}-{i}.json")
+        path = Path(folder) / (f"{stem}-{stamp}.json" if i == 0 else f"{stem}-{stamp}-{i}.json")
         try:
             return atomic_write(path, data, overwrite=False)
         except StorageError:
             continue
-    raise StorageError(folder, "could not find a free file name for the session results")
+    raise StorageError(folder, f"could not find a free file name for {stem}")
 
 
 def baseline_path(folder: Path, name: str) -> Path:
@@ -230,13 +234,5 @@ def write_decision(folder: Path, record: Mapping[str, Any], name: str) -> Path:
     """Write one A/B decision record (JSON) under a new name; never overwrites."""
     doc = {"format": "bench_core.decision", "schema_version": SCHEMA_VERSION, "created": now_iso(), "name": name,
            **record}
-    data = _dump(doc)
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80] or "decision"
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    for i in range(1000):
-        path = Path(folder) / (f"decision-{safe}-{stamp}.json" if i == 0 else f"decision-{safe}-{stamp}-{i}.json")
-        try:
-            return atomic_write(path, data, overwrite=False)
-        except StorageError:
-            continue
-    raise StorageError(folder, "could not find a free file name for the decision record")
+    return _write_new(folder, f"decision-{safe}", _dump(doc))

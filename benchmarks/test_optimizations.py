@@ -32,29 +32,28 @@ def _fresh(bench, d_in, hidden, layers, optimizer=torch.optim.AdamW):
 CLASS_WEIGHTS = [1.0, 2.0, 1.0, 0.5, 1.0, 1.5, 1.0, 1.0, 3.0, 1.0]
 
 
-def step_recreates_constant(model, opt, batch):
+def _weighted_step(model, opt, batch, weight):
     x, y = batch
-    w = torch.tensor(CLASS_WEIGHTS, device=x.device)   # host tensor + copy to the device, every step
     opt.zero_grad(set_to_none=True)
-    loss = nn.functional.cross_entropy(model(x), y, weight=w)
+    loss = nn.functional.cross_entropy(model(x), y, weight=weight)
     loss.backward()
     opt.step()
     return {"loss": loss}
+
+
+def step_recreates_constant(model, opt, batch):
+    # a host tensor built and copied to the device, every step
+    return _weighted_step(model, opt, batch, torch.tensor(CLASS_WEIGHTS, device=batch[0].device))
 
 
 _WEIGHTS = {}
 
 
 def step_constant_once(model, opt, batch):
-    x, y = batch
-    w = _WEIGHTS.get(x.device)
-    if w is None:
-        w = _WEIGHTS[x.device] = torch.tensor(CLASS_WEIGHTS, device=x.device)
-    opt.zero_grad(set_to_none=True)
-    loss = nn.functional.cross_entropy(model(x), y, weight=w)
-    loss.backward()
-    opt.step()
-    return {"loss": loss}
+    dev = batch[0].device
+    if dev not in _WEIGHTS:
+        _WEIGHTS[dev] = torch.tensor(CLASS_WEIGHTS, device=dev)
+    return _weighted_step(model, opt, batch, _WEIGHTS[dev])
 
 
 def test_constant_created_once(bench):
@@ -79,12 +78,7 @@ def test_constant_created_once(bench):
 
 # -- 2. a per-parameter Python loop update, versus the foreach path --------------------------------
 def plain_step(model, opt, batch):
-    x, y = batch
-    opt.zero_grad(set_to_none=True)
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    return {"loss": loss}
+    return _weighted_step(model, opt, batch, None)
 
 
 def test_foreach_optimizer(bench):
