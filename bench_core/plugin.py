@@ -25,6 +25,8 @@ OPT_RUN_NOISE = "--bench-run-noise"
 OPT_ALLOW_ENV = "--bench-allow-env-mismatch"
 OPT_PB_JSON = "--bench-pb-json"
 OPT_PROFILE = "--bench-profile"
+OPT_REF_SAVE = "--bench-ref-save"
+OPT_REFS = "--bench-references"
 OPT_PROFILE_SHAPES = "--bench-profile-shapes"
 OPT_PROFILE_MEMORY = "--bench-profile-memory"
 OPT_PROFILE_STACK = "--bench-profile-stack"
@@ -52,6 +54,9 @@ def pytest_addoption(parser):
     g.addoption(OPT_RUN_NOISE, type=float, default=None, help="prior run-to-run spread, a fraction")
     g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
     g.addoption(OPT_PB_JSON, default=None, help="also write the results in pytest-benchmark's JSON format here")
+    g.addoption(OPT_REF_SAVE, action="store_true",
+                help="save reference files (starting state + baseline outputs) for bench.reference checks")
+    g.addoption(OPT_REFS, default="references", help="folder of reference files")
     g.addoption(OPT_PROFILE, metavar="DIR", default=None,
                 help="diagnose: after each measurement, one profiler pass; traces and hypotheses go to DIR")
     g.addoption(OPT_PROFILE_SHAPES, action="store_true", help="diagnose: record input shapes (adds cost)")
@@ -174,6 +179,24 @@ class BenchFixture:
 
         rep = validate(baseline, candidate, state, model, optimizer, device=None, **kwargs)
         self._node.user_properties.append(("bench_correct", rep.ok))
+        return rep
+
+    def reference(self, name, variant, state, model, optimizer=None, *, steps=3, tolerance=None):
+        """Across commits: with --bench-ref-save, record `variant`'s outputs from `state` as reference
+        NAME; otherwise check `variant` against the saved reference (skip when there is none yet)."""
+        from bench_core.validate import check_reference, save_reference
+
+        cfg = self._node.config
+        path = Path(str(cfg.rootpath)) / cfg.getoption(OPT_REFS) / f"{name}.pt"
+        if cfg.getoption(OPT_REF_SAVE):
+            save_reference(path, variant, state, model, optimizer, steps=steps)
+            return None
+        if not path.exists():
+            pytest.skip(f"no reference {name!r} at {path}: record one with {OPT_REF_SAVE}")
+        rep = check_reference(path, variant, model, optimizer, tolerance=tolerance)
+        self._node.user_properties.append(("bench_reference_ok", rep.ok))
+        if not rep.ok:
+            pytest.fail(f"reference {name!r}: the current code no longer matches\n{rep.table()}", pytrace=False)
         return rep
 
     def ab(self, name, baseline, candidate, *, validation=None, **kwargs):

@@ -231,6 +231,8 @@ def compare_records(base: Mapping[str, tuple], cand: Mapping[str, tuple],
         max_rel = float((err / a64.abs().clamp_min(1e-30)).max())
         if not torch.isclose(b64, a64, rtol=tol.rtol, atol=tol.atol, equal_nan=True).all():
             diffs.append(TensorDiff(name, step, max_abs, max_rel, tol.rtol, tol.atol, "exceeds tolerance"))
+    # step by step first, in the order they happened, then the final state
+    diffs.sort(key=lambda d: (d.step is None, d.step if d.step is not None else 0, d.name))
     return len(set(base) & set(cand)), diffs
 
 

@@ -98,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--trials", type=int, default=400, help="random choices of runs per rate")
     ap.add_argument("--from-dir", default=None, help="reuse the runs of an earlier invocation")
+    ap.add_argument("--run-noise", type=float, default=None, help="gate prior run-to-run spread (default: the gate's)")
+    ap.add_argument("--prior-runs", type=float, default=None, help="gate prior weight in runs (default: the gate's)")
     ns = ap.parse_args(argv)
 
     from tabulate import tabulate
@@ -113,7 +115,8 @@ def main(argv=None) -> int:
         run_processes(ns.runs, ns.calls, calls_b, ns.size, folder, GateConfig().confirm_repeats)
     load = lambda label: [storage.load_session(p)[1] for p in sorted(folder.glob(f"{label}*/session-*.json"))]
     runs_a, runs_b = load("A"), load("B")
-    config = GateConfig()
+    config = GateConfig(**{k: v for k, v in (("run_noise", ns.run_noise), ("prior_runs", ns.prior_runs))
+                           if v is not None})
     rows, results = [], []
     for m in ns.candidate_runs:
         r = rates(runs_a, runs_b, ns.baseline_runs, m, ns.trials, seed=m, config=config)

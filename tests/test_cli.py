@@ -21,7 +21,9 @@ def test_compare_exit_codes(tmp_path, capsys):
     slow = _save(tmp_path, "slow", {"a": [14, 14.1], "b": [5, 5.02]}, seed=20)
     assert main(["compare", str(base), str(same)]) == EXIT_OK
     out = capsys.readouterr().out
-    assert "holm" in out and "unchanged" in out
+    assert "holm" in out and "inconclusive" in out      # the default prior: a noisy shared machine
+    assert main(["compare", str(base), str(same), "--run-noise", "0.01"]) == EXIT_OK
+    assert "unchanged" in capsys.readouterr().out        # a quiet runner that measured its noise
     assert main(["compare", "base", "slow", "--baselines", str(tmp_path)]) == EXIT_REGRESSED
     out = capsys.readouterr().out
     assert "slower" in out and "a: slower" in out

@@ -233,3 +233,41 @@ def test_wrong(bench):
     doc = json.loads(records[0].read_text())
     assert doc["format"] == "bench_core.decision" and len(doc["baseline_ms"]) == 60
     assert doc["correctness"] == {"ok": True} and doc["environment"]["device"] == "cpu"
+
+
+def test_reference_saved_then_checked_across_a_code_change(bt):
+    body = '''
+import torch
+from bench_core import StartingState
+
+SCALE = {scale}
+
+def step(model, opt, batch):
+    opt.zero_grad()
+    loss = (model(batch) * SCALE).pow(2).mean()
+    loss.backward()
+    opt.step()
+    return {{"loss": loss}}
+
+def test_ref(bench):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = StartingState.capture(model, opt, [torch.randn(3, 4)])
+    bench.reference("linear_sgd", step, state, model, opt, steps=2)
+'''
+    # subprocesses: torch registers operator libraries once per process, and pytester's in-process
+    # runs would re-import them
+    bt.makepyfile(test_r=body.format(scale=1.0))
+    res = bt.runpytest_subprocess("-rs")
+    res.assert_outcomes(skipped=1)
+    res.stdout.fnmatch_lines(["*no reference 'linear_sgd'*record one with --bench-ref-save*"])
+    bt.runpytest_subprocess("--bench-ref-save").assert_outcomes(passed=1)
+    assert (bt.path / "references" / "linear_sgd.pt").exists()
+    assert (bt.path / "references" / "linear_sgd.state.pt").exists()
+    bt.runpytest_subprocess().assert_outcomes(passed=1)                 # unchanged code matches its reference
+    bt.makepyfile(test_r=body.format(scale=1.001))            # "the code changed"
+    res = bt.runpytest_subprocess()
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*reference 'linear_sgd': the current code no longer matches*",
+                              "*step?0?.output.loss*exceeds tolerance*", "*first divergent step: 0*"])
