@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from .errors import InvalidRecord
 from .scenario import Scenario, thaw
-from .stats import Summary, summarize
+from .stats import Summary, bootstrap_median_ci, summarize
 
 MODES = ("per_call", "block")
 DEVICES = ("cpu", "cuda")
@@ -181,7 +181,8 @@ class Measurement:
             "items": self.items,
             "threads": self.threads,
             "memory": self.memory.to_dict(),
-            "summary": self.summary.to_dict(),   # derived; kept for readers, recomputed on load
+            "summary": {**self.summary.to_dict(),  # derived; kept for readers, recomputed on load
+                        "median_ci95": list(bootstrap_median_ci(self.primary_ms))},
             "throughput_per_s": self.throughput,
         }
         if with_environment:

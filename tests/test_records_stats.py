@@ -119,3 +119,9 @@ def test_scenario_metadata_is_frozen_and_round_trips():
     assert s.window == ("forward", "backward")
     assert Scenario.from_dict(s.to_dict()) == s
     assert s.with_metadata(device="cuda").to_dict()["metadata"]["device"] == "cuda"
+
+
+def test_serialized_summary_carries_the_median_interval():
+    m = make([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    lo, hi = m.to_dict()["summary"]["median_ci95"]
+    assert lo <= 4.0 <= hi and (lo, hi) == bootstrap_median_ci(m.host_ms)
