@@ -21,6 +21,11 @@ def _setup(seed=0):
     return model, opt, [(x, y), (x * 2, y)]
 
 
+def _captured():
+    model, opt, batches = _setup()
+    return model, opt, StartingState.capture(model, opt, batches)
+
+
 def train_step(model, opt, batch):
     x, y = batch
     opt.zero_grad()
@@ -31,8 +36,7 @@ def train_step(model, opt, batch):
 
 
 def test_restore_is_bitwise_reproducible_including_rng():
-    model, opt, batches = _setup()
-    state = StartingState.capture(model, opt, batches)
+    model, opt, state = _captured()
 
     def run():
         b = state.restore(model, opt)
@@ -74,8 +78,7 @@ def test_flags_are_captured_and_restored():
 
 
 def test_save_load_round_trip_and_refusals(tmp_path):
-    model, opt, batches = _setup()
-    state = StartingState.capture(model, opt, batches)
+    model, opt, state = _captured()
     path = state.save(tmp_path / "s.pt")
     with pytest.raises(StorageError, match="never overwritten"):
         state.save(tmp_path / "s.pt")
@@ -105,8 +108,7 @@ def test_load_can_move_the_state_to_another_device(tmp_path):
 
 
 def test_identical_variants_pass_and_compare_everything():
-    model, opt, batches = _setup()
-    state = StartingState.capture(model, opt, batches)
+    model, opt, state = _captured()
     rep = validate(train_step, train_step, state, model, opt, steps=3)
     assert rep.ok, rep.table()
     assert rep.compared >= 3 * 2 + 4 + 4 + 8   # outputs, params, grads, optimizer state tensors
@@ -114,8 +116,7 @@ def test_identical_variants_pass_and_compare_everything():
 
 
 def test_a_wrong_candidate_names_every_tensor_and_the_first_divergent_step():
-    model, opt, batches = _setup()
-    state = StartingState.capture(model, opt, batches)
+    model, opt, state = _captured()
 
     def wrong(model, opt, batch):
         out = train_step(model, opt, batch)
@@ -133,8 +134,7 @@ def test_a_wrong_candidate_names_every_tensor_and_the_first_divergent_step():
 
 
 def test_nan_in_candidate_fails():
-    model, opt, batches = _setup()
-    state = StartingState.capture(model, opt, batches)
+    model, opt, state = _captured()
 
     def nan_step(model, opt, batch):
         out = train_step(model, opt, batch)
@@ -145,8 +145,7 @@ def test_nan_in_candidate_fails():
 
 
 def test_mutating_the_batch_is_detected_and_the_state_survives():
-    model, opt, batches = _setup()
-    state = StartingState.capture(model, opt, batches)
+    model, opt, state = _captured()
     h = state.hash
 
     def vandal(model, opt, batch):
@@ -161,8 +160,7 @@ def test_mutating_the_batch_is_detected_and_the_state_survives():
 
 
 def test_lower_precision_candidate_needs_its_declared_tolerance():
-    model, opt, batches = _setup()
-    state = StartingState.capture(model, opt, batches)
+    model, opt, state = _captured()
 
     def bf16_forward(model, opt, batch):
         x, y = batch
@@ -181,8 +179,7 @@ def test_lower_precision_candidate_needs_its_declared_tolerance():
 
 
 def test_variant_with_its_own_optimizer_loads_the_same_state():
-    model, opt, batches = _setup()
-    state = StartingState.capture(model, opt, batches)
+    model, opt, state = _captured()
     loop = Variant(train_step, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False), name="loop")
     fused = Variant(train_step, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=True), name="foreach")
     rep = validate(loop, fused, state, model, steps=3)
@@ -200,8 +197,7 @@ def test_default_tolerances_follow_dtype():
 
 
 def test_reference_file_across_commits(tmp_path):
-    model, opt, batches = _setup()
-    state = StartingState.capture(model, opt, batches)
+    model, opt, state = _captured()
     ref = save_reference(tmp_path / "ref.pt", train_step, state, model, opt, steps=2)
     with pytest.raises(StorageError, match="never overwritten"):
         save_reference(tmp_path / "ref.pt", train_step, state, model, opt, steps=2)
