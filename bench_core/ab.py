@@ -7,7 +7,6 @@ An incorrect candidate gets no speed verdict at all.
 """
 from __future__ import annotations
 
-import gc
 import hashlib
 import inspect
 import math

@@ -122,7 +122,7 @@ def compare_runs(
         return Comparison(name, INCONCLUSIVE, f"scenario missing from the {side}", config.threshold)
     scen_thr = candidate[-1].scenario.noise_threshold
     thr = config.threshold if scen_thr is None else scen_thr
-    base_ref, cand_ref = baseline[0], candidate[-1]
+    cand_ref = candidate[-1]
     diffs = {}
     for b in baseline:
         diffs.update(differences(b.environment, cand_ref.environment))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 STAGE_PREFIX = "stage::"
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")

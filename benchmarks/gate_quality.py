@@ -17,7 +17,6 @@ Writes the raw runs and the rates to .bench/gate_quality-<time>.json (never over
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import random
 import subprocess
@@ -72,7 +71,7 @@ def rates(runs_a, runs_b, k: int, m: int, trials: int, seed: int, config) -> dic
 
     rng = random.Random(seed)
     out = {}
-    for kind, pool in (("A/A", runs_a), ("A/B", runs_b)):
+    for kind in ("A/A", "A/B"):
         verdicts = []
         for _ in range(trials):
             if kind == "A/A":

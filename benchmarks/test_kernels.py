@@ -82,7 +82,7 @@ def test_h2d_transfer(bench, memory, blocking):
     scenario = Scenario(f"h2d[{memory}-{blocking}]", ("transfer",),
                         {"shapes": {"bytes": host.numel() * 4}, "dtype": "float32", "mode": "n/a", "compiled": False,
                          "data_source": f"{memory} host memory"})
-    m = bench.run(scenario, fn, items=host.numel() * 4)
+    bench.run(scenario, fn, items=host.numel() * 4)
     assert torch.equal(dev_buf[:16].cpu(), host[:16])
 
 

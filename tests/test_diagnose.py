@@ -62,7 +62,7 @@ def test_repeated_same_size_h2d_copy():
 
 def test_fragmented_kernels():
     ev = steps(2, length=10000)
-    ev += [X(f"add_kernel", i * 20, 4, cat="kernel", tid=7) for i in range(400)]
+    ev += [X("add_kernel", i * 20, 4, cat="kernel", tid=7) for i in range(400)]
     (r,) = [r for r in analyze(ev)[1] if r.rule == "fragmented"]
     assert r.observation.startswith("200 kernels per step, 100% of them shorter than 10 us")
     assert "test_fragmented_work" in r.next_check

@@ -81,7 +81,9 @@ def test_measurement_refuses_gpu_time_on_cpu_and_length_mismatch():
 
 def test_measurement_is_immutable_and_round_trips():
     m = make([1.0, 2.0, 3.0], items=4, environment={"device": "cpu"})
-    with pytest.raises(Exception):
+    from dataclasses import FrozenInstanceError
+
+    with pytest.raises(FrozenInstanceError):
         m.device = "cuda"
     back = Measurement.from_dict(m.to_dict(with_environment=True))
     assert back == m
