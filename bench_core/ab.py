@@ -81,13 +81,14 @@ class ABResult:
 
 
 def paired_decision(base_ms, cand_ms, alpha: float = 0.01, min_effect: float = 0.01,
-                    confidence: float = 0.95, seed: int = 0) -> tuple[str, str, float, float, float, float]:
+                    confidence: float = 0.95, seed: int = 0) -> tuple[str, str, float | None, float | None,
+                                                                      float | None, float | None]:
     """Pure: verdict, reason, speedup, CI and p from paired samples (same index = same pair)."""
     a, b = np.asarray(base_ms, float), np.asarray(cand_ms, float)
     if a.shape != b.shape or a.size < 6:
         raise ValueError("paired decision needs equal-length samples, at least 6 pairs")
     if np.any(a <= 0) or np.any(b <= 0):
-        return NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio", math.nan, math.nan, math.nan, 1.0
+        return NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None, None
     r = np.log(a) - np.log(b)            # > 0: candidate faster
     speedup = float(math.exp(np.median(r)))
     if np.all(r == r[0]):

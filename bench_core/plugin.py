@@ -167,7 +167,7 @@ class BenchFixture:
 
             self._node.user_properties.append(("bench_verdict", c.verdict))
             if self._session.fails(c):
-                table = comparison_table([c], "bonferroni", self._session.config.gate.alpha)
+                table = comparison_table([c], self._session.adjustment, self._session.config.gate.alpha)
                 pytest.fail(f"scenario {m.name!r} is {c.verdict} than baseline "
                             f"{self._session.config.compare!r}: {c.reason}\n{table}", pytrace=False)
         return m
@@ -246,8 +246,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.write_line(f"{where} ({p.redaction})")
     if session.baseline is not None:
         tr.section(f"bench_core comparison with baseline {session.config.compare!r}")
-        tr.write_line(comparison_table(session.comparisons, "bonferroni over the baseline's scenarios",
-                                       session.config.gate.alpha))
+        tr.write_line(comparison_table(session.comparisons, session.adjustment, session.config.gate.alpha))
         missing = session.missing_from_run()
         if missing:
             tr.write_line(f"in the baseline but not run now: {', '.join(missing)}")

@@ -84,7 +84,7 @@ def comparison_table(comparisons: Sequence[Comparison], method: str, alpha: floa
     body = tabulate([comparison_row(c) for c in comparisons], headers=COMPARE_HEADERS, tablefmt=fmt,
                     disable_numparse=True)
     notes = [f"{c.name}: {c.verdict}: {c.reason}" for c in comparisons if c.verdict != "unchanged"]
-    foot = f"\np-values adjusted across {len(comparisons)} scenario(s) by {method}; alpha={alpha}"
+    foot = f"\np-values adjusted by {method}; alpha={alpha}"
     return body + foot + ("\n" + "\n".join(notes) if notes else "")
 
 

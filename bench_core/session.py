@@ -119,6 +119,12 @@ class BenchSession:
         self.comparisons.append(c)
         return m, c
 
+    @property
+    def adjustment(self) -> str:
+        """How the p-values of this session's gate decisions were adjusted, in words for the report."""
+        n = len(self.baseline or ())
+        return f"Bonferroni over the baseline's {n} scenario(s)" if n > 1 else "none (one scenario)"
+
     @staticmethod
     def fails(c: Comparison | None) -> bool:
         return c is not None and c.verdict in (SLOWER, INCOMPARABLE)
@@ -156,7 +162,8 @@ class BenchSession:
             return lines
         if self.config.results_dir is not None:
             p = storage.write_session(self.config.results_dir, self.results, self.environment,
-                                      [{"scenario": n, "problem": p} for n, p in self.errors])
+                                      [{"scenario": n, "problem": p} for n, p in self.errors],
+                                      [c.to_dict() for c in self.comparisons])
             lines.append(f"results written to {p}")
         if self.config.results_dir is not None:
             for name, res in self.decisions:

@@ -3,7 +3,7 @@
 Schema history (both file kinds share the version number):
   1 (bench_core 0.1.0): first version. A session file holds `environment` once and `results`, a list
     of measurements with raw samples (`host_ms`, `gpu_ms`), the scenario record and the cold start;
-    `errors` lists scenarios that failed. A baseline holds `runs`, each one session's environment and
+    `errors` lists scenarios that failed; `comparisons` (when gated) the gate's decisions. A baseline holds `runs`, each one session's environment and
     results; a baseline grows by appending runs, never by rewriting old ones.
 """
 from __future__ import annotations
@@ -75,10 +75,12 @@ def run_record(results: Sequence[Measurement], environment: Mapping[str, Any],
 
 
 def write_session(folder: Path, results: Sequence[Measurement], environment: Mapping[str, Any],
-                  errors: Iterable[Mapping[str, str]] = ()) -> Path:
+                  errors: Iterable[Mapping[str, str]] = (), comparisons: Sequence[Mapping[str, Any]] = ()) -> Path:
     """Write one session's results under a new, unused name in `folder`; returns the path."""
     doc = {"format": SESSION_FORMAT, "schema_version": SCHEMA_VERSION,
            **run_record(results, environment, errors)}
+    if comparisons:  # the gate's decisions, for CI artifacts; never read back as results
+        doc["comparisons"] = [dict(c) for c in comparisons]
     return _write_new(folder, "session", _dump(doc))
 
 

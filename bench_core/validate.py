@@ -80,7 +80,8 @@ class TensorDiff:
     problem: str               # "exceeds tolerance", "non-finite in candidate", "shape/dtype differs", "missing"
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        # JSON has no NaN or infinity: an error that could not be computed is None, the problem says why
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)

@@ -80,3 +80,16 @@ def test_save_refuses_existing_name_before_measuring(tmp_path):
 def test_finish_writes_nothing_for_an_empty_session(tmp_path):
     assert _session(tmp_path).finish() == []
     assert not (tmp_path / "res").exists()
+
+
+def test_gate_decisions_are_kept_in_the_session_file(tmp_path):
+    import json
+
+    _baseline(tmp_path)
+    s = _session(tmp_path, compare="main", repeats=10, warmup=0)
+    clock = FakeClock()
+    s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock)
+    (line,) = s.finish()
+    doc = json.loads(open(line.removeprefix("results written to ")).read())
+    assert doc["comparisons"][0]["verdict"] == "slower" and "results written" in line
+    assert s.adjustment == "none (one scenario)"

@@ -116,3 +116,16 @@ def test_unreadable_files_say_what_to_do(tmp_path, text, needle):
 def test_session_file_reads_as_one_run(tmp_path):
     p = storage.write_session(tmp_path, runs([1.0, 2.0]), ENV)
     assert len(storage.load_runs(p)) == 1 and len(storage.load_runs(p)[0]) == 2
+
+
+def test_decision_record_with_non_finite_errors_is_written_as_json(tmp_path):
+    import math
+
+    from bench_core.validate import TensorDiff
+
+    diff = TensorDiff("step[0].output", 0, math.inf, math.nan, 1e-5, 1e-5, "non-finite in candidate")
+    p = storage.write_decision(tmp_path, {"correctness": {"diffs": [diff.to_dict()]}}, "nan case")
+    doc = json.loads(p.read_text())
+    assert doc["correctness"]["diffs"][0]["max_abs"] is None
+    assert doc["correctness"]["diffs"][0]["problem"] == "non-finite in candidate"
+    assert p.name.startswith("decision-nan_case-")
