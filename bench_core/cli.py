@@ -1,4 +1,4 @@
-"""Command line without pytest: `python -m bench_core compare BASELINE NEW`.
+"""Command line without pytest: `python -m bench_core compare BASELINE NEW`, `python -m bench_core show FILE`.
 
 Exit status: 0 nothing regressed, 1 something regressed (or is incomparable), 2 unusable input.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .compare import INCOMPARABLE, SLOWER, GateConfig, compare_sets
 from .errors import BenchError
-from .report import comparison_table
+from .report import comparison_table, session_table
 from . import storage
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
@@ -42,6 +42,19 @@ def cmd_compare(ns) -> int:
     return EXIT_REGRESSED if bad else EXIT_OK
 
 
+def cmd_show(ns) -> int:
+    try:
+        runs = _load(ns.file, Path(ns.baselines))
+    except (BenchError, ValueError) as exc:
+        print(f"bench_core show: unusable input: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for i, run in enumerate(runs):
+        if len(runs) > 1:
+            print(f"run {i + 1} of {len(runs)}")
+        print(session_table(run))
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench_core", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-env-mismatch", action="store_true")
     c.add_argument("--json", action="store_true", help="print the comparisons as JSON")
     c.set_defaults(func=cmd_compare)
+    s = sub.add_parser("show", help="print the results table of a session file or a baseline (every run)")
+    s.add_argument("file")
+    s.add_argument("--baselines", default="baselines")
+    s.set_defaults(func=cmd_show)
     return ap
 
 

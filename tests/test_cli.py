@@ -52,3 +52,11 @@ def test_module_entry_point_runs(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "verdict" in out.stdout
+
+
+def test_show_prints_every_run_of_a_baseline(tmp_path, capsys):
+    base = _save(tmp_path, "base", {"a": [10, 10.1]}, seed=1)
+    assert main(["show", str(base)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "run 1 of 2" in out and "run 2 of 2" in out and out.count("\na ") == 2
+    assert main(["show", "missing", "--baselines", str(tmp_path)]) == EXIT_BAD_INPUT
