@@ -159,9 +159,13 @@ class BenchFixture:
             m, c = self._session.run(scenario, fn, **kwargs)
         except ScenarioError as exc:
             pytest.fail(str(exc), pytrace=False)
+        from bench_core.report import session_table
+
         s = m.summary
         self._node.user_properties.append(("bench_median_ms", s.median))
         self._node.user_properties.append(("bench_n", s.n))
+        # per-test section: shown with this test's report (failures, -rA, JUnit system-out)
+        self._node.add_report_section("call", "bench_core", session_table([m]))
         if c is not None:
             from bench_core.report import comparison_table
 

@@ -135,6 +135,7 @@ def test_save_then_compare_fails_only_the_regressed_scenario(bt):
                               "*bench_core comparison with baseline 'main'*"])
     xml = (bt.path / "out.xml").read_text()
     assert "is slower than baseline" in xml and 'name="bench_verdict" value="slower"' in xml
+    res.stdout.fnmatch_lines(["*Captured bench_core call*", "alpha*cpu*host*per_call*"])  # the test's own section
 
 
 def test_saving_over_an_existing_baseline_is_refused_at_the_start(bt):
