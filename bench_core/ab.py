@@ -27,7 +27,14 @@ FASTER, SLOWER, NO_DIFFERENCE, REJECTED = "faster", "slower", "no significant di
 
 
 def source_identity(fn: Callable) -> dict:
-    """Qualified name and a hash of the source: what makes a decision reproducible."""
+    """Qualified name and a hash of the source: what makes a decision reproducible.
+
+    A step bound by `validate.bind` names its variant, its step and its optimizer factory, since two
+    variants may share a step and differ only in the optimizer they build.
+    """
+    parts = getattr(fn, "__bench_identity__", None)
+    if parts is not None:
+        return {"name": parts["variant"], **{k: source_identity(v) for k, v in parts.items() if k != "variant"}}
     target = inspect.unwrap(getattr(fn, "func", fn))
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
     try:

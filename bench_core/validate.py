@@ -190,7 +190,8 @@ def bind(variant: Variant | Callable, state: StartingState, model: torch.nn.Modu
         return out
 
     step.__qualname__ = f"bound({variant.label})"
-    step.__wrapped__ = variant.step  # source identity follows the variant's own code
+    step.__bench_identity__ = {"variant": variant.label, "step": variant.step,
+                               **({"optimizer": variant.optimizer} if variant.optimizer is not None else {})}
     return step
 
 

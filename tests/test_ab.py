@@ -124,3 +124,27 @@ def test_paired_decision_refuses_unpaired_input():
         paired_decision([1.0] * 10, [1.0] * 9)
     v, reason, *rest = paired_decision([0.0] * 10, [1.0] * 10)
     assert v == NO_DIFFERENCE and "0 ms" in reason and rest == [None, None, None, None]
+
+
+def test_identity_of_bound_variants_names_step_and_optimizer():
+    import torch
+
+    from bench_core.state import StartingState
+    from bench_core.validate import Variant, bind
+
+    def step(model, opt, batch):
+        opt.zero_grad()
+        model(batch).sum().backward()
+        opt.step()
+
+    model = torch.nn.Linear(2, 2)
+    state = StartingState.capture(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(1, 2)])
+    loop = bind(Variant(step, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, foreach=False), name="loop"),
+                state, torch.nn.Linear(2, 2))
+    fast = bind(Variant(step, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, foreach=True), name="fast"),
+                state, torch.nn.Linear(2, 2))
+    a, b = source_identity(loop), source_identity(fast)
+    assert (a["name"], b["name"]) == ("loop", "fast")
+    assert a["step"] == b["step"] and a["step"]["name"].endswith(".step")
+    assert a["optimizer"]["source_sha256"] != b["optimizer"]["source_sha256"]
+    loop()  # the bound step runs on its own model
