@@ -174,7 +174,9 @@ class StartingState:
         if optimizer is not None:
             if p["optimizer"] is None:
                 raise ValueError("this starting state holds no optimizer state")
-            optimizer.load_state_dict(_to(_clone(p["optimizer"]), device))
+            # Handed over on the CPU: load_state_dict moves each state tensor to its parameter's device
+            # and keeps `step` where the optimizer wants it (on the CPU unless capturable or fused).
+            optimizer.load_state_dict(_to(_clone(p["optimizer"]), "cpu"))
         _restore_rng(p["rng"])
         _restore_flags(p["flags"])
         return _to(_clone(p["batches"]), device)

@@ -209,3 +209,4 @@ def test_reference_file_across_commits(tmp_path):
 
     rep = check_reference(ref, changed, model, opt)
     assert not rep.ok and rep.first_divergent_step == 0
+
