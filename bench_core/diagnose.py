@@ -90,7 +90,7 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
     import torch
     from torch.profiler import ProfilerActivity, profile as tprofile, schedule
 
-    from .storage import atomic_write
+    from .storage import atomic_write, take_json
 
     acts = [ProfilerActivity.CPU]
     if cfg.device == "cuda":
@@ -118,10 +118,7 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
         table += "\n" + prof.key_averages().table(sort_by="self_cpu_memory_usage", row_limit=10)
     tmp = _free_name(cfg.folder, f".{scenario}", ".raw.json")
     prof.export_chrome_trace(str(tmp))
-    try:
-        doc = json.loads(tmp.read_text())
-    finally:
-        tmp.unlink(missing_ok=True)
+    doc = take_json(tmp)
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
     facts, rows = analyze(events)
     clean, found = redact(doc)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import io
 import os
 import random
 from pathlib import Path
@@ -208,30 +207,19 @@ class StartingState:
 
     # -- files -----------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        from .storage import atomic_write
+        from .storage import write_torch
 
-        buf = io.BytesIO()
-        torch.save({"format": STATE_FORMAT, "schema_version": STATE_SCHEMA_VERSION, "meta": self.metadata(),
-                    "hash": self._hash, "payload": self._payload}, buf)
-        return atomic_write(Path(path), buf.getvalue(), overwrite=overwrite)
+        return write_torch(Path(path), {"format": STATE_FORMAT, "schema_version": STATE_SCHEMA_VERSION,
+                                        "meta": self.metadata(), "hash": self._hash, "payload": self._payload},
+                           overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike, map_location: str | torch.device | None = None) -> "StartingState":
         """Read a saved state; a damaged or foreign file is refused. `map_location` moves it to a device."""
+        from .storage import read_torch
+
         path = Path(path)
-        if not path.exists():
-            raise StorageError(path, "starting-state file does not exist")
-        try:
-            doc = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise StorageError(path, f"cannot read the starting state ({type(exc).__name__}: {exc})",
-                               hint="the file is truncated or not a bench_core state; save it again") from None
-        if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
-            raise StorageError(path, "not a bench_core starting state", field="format")
-        version = doc.get("schema_version")
-        if not isinstance(version, int) or version > STATE_SCHEMA_VERSION:
-            raise StorageError(path, f"schema version {version!r} is not one this bench_core reads",
-                               field="schema_version", hint="upgrade bench_core")
+        doc = read_torch(path, "starting state", STATE_FORMAT, STATE_SCHEMA_VERSION)
         checked = content_hash(doc["payload"])  # verified on the CPU, before any move
         if checked != doc.get("hash"):
             raise StorageError(path, "content hash does not match: the file was changed or damaged", field="hash")

@@ -4,7 +4,14 @@ Schema history (both file kinds share the version number):
   1 (bench_core 0.1.0): first version. A session file holds `environment` once and `results`, a list
     of measurements with raw samples (`host_ms`, `gpu_ms`), the scenario record and the cold start;
     `errors` lists scenarios that failed; `comparisons` (when gated) the gate's decisions. A baseline holds `runs`, each one session's environment and
-    results; a baseline grows by appending runs, never by rewriting old ones.
+    results; a baseline grows by appending runs, never by rewriting old ones. A/B decision records
+    (`bench_core.decision`) carry the same version.
+
+Torch files, each with its own version:
+  starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
+    sha256 of the payload's content.
+  correctness reference (`bench_core.reference`) 1 (0.1.0): the baseline's per-step and final tensors,
+    the number of steps and the hash of the starting state saved beside it (NAME.state.pt).
 """
 from __future__ import annotations
 
@@ -238,3 +245,45 @@ def write_decision(folder: Path, record: Mapping[str, Any], name: str) -> Path:
            **record}
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80] or "decision"
     return _write_new(folder, f"decision-{safe}", _dump(doc))
+
+
+# -- torch files: starting states and correctness references --------------------------------------------
+def write_torch(path: Path, doc: Mapping[str, Any], overwrite: bool = False) -> Path:
+    """torch.save through the same atomic, never-overwriting write as every other file."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(dict(doc), buf)
+    return atomic_write(Path(path), buf.getvalue(), overwrite=overwrite)
+
+
+def read_torch(path: Path, what: str, fmt: str, max_version: int) -> dict:
+    """torch.load (tensors and plain containers only, on the CPU) with the header checked."""
+    import torch
+
+    path = Path(path)
+    if not path.exists():
+        raise StorageError(path, f"{what} file does not exist")
+    try:
+        doc = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise StorageError(path, f"cannot read the {what} ({type(exc).__name__}: {exc})",
+                           hint=f"the file is truncated or not a bench_core {what}; save it again") from None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise StorageError(path, f"not a bench_core {what}", field="format")
+    version = doc.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= max_version:
+        raise StorageError(path, f"schema version {version!r} is not one this bench_core reads",
+                           field="schema_version", hint="upgrade bench_core")
+    return doc
+
+
+def take_json(path: Path) -> Any:
+    """Read a JSON file another library wrote for us, then remove it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)

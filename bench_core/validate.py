@@ -263,36 +263,29 @@ REFERENCE_FORMAT = "bench_core.reference"
 def save_reference(path: str | Path, baseline: Variant | Callable, state: StartingState, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None = None, *, steps: int = 3) -> Path:
     """Record what the baseline produces from `state`, to check later code against (never overwrites)."""
-    import io
-
-    from .storage import atomic_write
+    from .storage import write_torch
 
     baseline = as_variant(baseline)
     records, mutations = run_variant(baseline, state, model, optimizer, steps)
     if mutations:
         raise ValueError(f"the baseline mutates its inputs, so its reference would not be reproducible: {mutations}")
-    buf = io.BytesIO()
-    torch.save({"format": REFERENCE_FORMAT, "schema_version": 1, "baseline": baseline.label, "steps": steps,
-                "state_hash": state.hash, "records": {k: [-1 if s is None else s, t] for k, (s, t) in records.items()}},
-               buf)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    state.save(Path(path).with_suffix(".state.pt"))
-    return atomic_write(Path(path), buf.getvalue(), overwrite=False)
+    doc = {"format": REFERENCE_FORMAT, "schema_version": 1, "baseline": baseline.label, "steps": steps,
+           "state_hash": state.hash, "records": {k: [-1 if s is None else s, t] for k, (s, t) in records.items()}}
+    if Path(path).exists():  # checked first, so a refused save leaves no stray state file
+        raise StorageError(path, "reference exists and is never overwritten", hint="remove it to record a new one")
+    state.save(Path(path).with_suffix(".state.pt"), overwrite=True)
+    return write_torch(Path(path), doc, overwrite=False)
 
 
 def check_reference(path: str | Path, candidate: Variant | Callable, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, *,
                     tolerance: Tolerance | None = None) -> ValidationReport:
     """Run the candidate from the reference's saved state and compare it with the saved records."""
+    from .storage import read_torch
+
     path = Path(path)
+    doc = read_torch(path, "reference", REFERENCE_FORMAT, 1)
     state = StartingState.load(path.with_suffix(".state.pt"))
-    try:
-        doc = torch.load(path, weights_only=True)
-    except Exception as exc:
-        raise StorageError(path, f"cannot read the reference ({type(exc).__name__})",
-                           hint="the file is truncated or not a bench_core reference; save it again") from None
-    if not isinstance(doc, dict) or doc.get("format") != REFERENCE_FORMAT:
-        raise StorageError(path, "not a bench_core reference file", field="format")
     if doc["state_hash"] != state.hash:
         raise StorageError(path, "the reference was recorded from another starting state", field="state_hash")
     base = {k: (None if s == -1 else s, t) for k, (s, t) in doc["records"].items()}
