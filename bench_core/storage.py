@@ -201,24 +201,26 @@ def load_session(path: Path) -> tuple[dict, list[Measurement]]:
     return doc["environment"], _load_results(doc, path, "")
 
 
-def load_baseline_doc(path: Path) -> dict:
-    doc = _read_json(path)
+def _baseline(doc: Any, path: Path) -> tuple[dict, list[list[Measurement]]]:
+    """A baseline document checked whole, every run validated, before anything uses it."""
     _check_header(doc, path, BASELINE_FORMAT)
     runs = _need(doc, "runs", list, path, "")
     if not runs:
         raise StorageError(path, "baseline holds no runs", field="runs")
-    for j, run in enumerate(runs):
-        _load_results(run, path, f"runs[{j}].")  # validate every run before anything uses the file
-    return doc
+    return doc, [_load_results(run, path, f"runs[{j}].") for j, run in enumerate(runs)]
+
+
+def load_baseline_doc(path: Path) -> dict:
+    return _baseline(_read_json(path), path)[0]
 
 
 def load_runs(path: Path) -> list[list[Measurement]]:
     """Runs of a baseline file, or of a session file taken as one run."""
     doc = _read_json(path)
     if isinstance(doc, dict) and doc.get("format") == SESSION_FORMAT:
-        return [load_session(path)[1]]
-    doc = load_baseline_doc(path)
-    return [_load_results(run, path, f"runs[{j}].") for j, run in enumerate(doc["runs"])]
+        _check_header(doc, path, SESSION_FORMAT)
+        return [_load_results(doc, path, "")]
+    return _baseline(doc, path)[1]
 
 
 def load_baseline(folder: Path, name: str) -> list[list[Measurement]]:
