@@ -71,6 +71,10 @@ class ABResult:
             d[k] = dict(d[k])
         return d
 
+    @property
+    def speedup_text(self) -> str:
+        return "-" if self.speedup is None else f"{self.speedup:.3f}x [{self.ci_low:.3f}, {self.ci_high:.3f}]"
+
     def table(self) -> str:
         from tabulate import tabulate
 
@@ -82,9 +86,8 @@ class ABResult:
                              f"{s.median:.4f}", f"{s.iqr:.4f}", f"{s.min:.4f}", f"{s.max:.4f}", s.n])
         out = tabulate(rows, headers=["", "callable", "cold ms", "median ms", "IQR ms", "min ms", "max ms", "n"],
                        disable_numparse=True) if rows else ""
-        sp = "-" if self.speedup is None else f"{self.speedup:.3f}x [{self.ci_low:.3f}, {self.ci_high:.3f}]"
         p = "-" if self.p_value is None else f"{self.p_value:.2g}"
-        return f"{out}\nspeedup {sp}, p={p}: {self.verdict} ({self.reason})".lstrip()
+        return f"{out}\nspeedup {self.speedup_text}, p={p}: {self.verdict} ({self.reason})".lstrip()
 
 
 def paired_decision(base_ms, cand_ms, alpha: float = 0.01, min_effect: float = 0.01,

@@ -176,12 +176,12 @@ class BenchFixture:
                             f"{self._session.config.compare!r}: {c.reason}\n{table}", pytrace=False)
         return m
 
-
     def validate(self, baseline, candidate, state, model, optimizer=None, **kwargs):
-        """Correctness from a saved state; a failure fails this test with the full report."""
+        """Correctness from a saved state. Returns the report for the test to assert on; passed to
+        `ab` as `validation`, a failed report rejects the candidate there without timing it."""
         from bench_core.validate import validate
 
-        rep = validate(baseline, candidate, state, model, optimizer, device=None, **kwargs)
+        rep = validate(baseline, candidate, state, model, optimizer, **kwargs)
         self._node.user_properties.append(("bench_correct", rep.ok))
         return rep
 

@@ -94,8 +94,7 @@ def decisions_table(decisions, fmt: str = "simple") -> str:
     for name, r in decisions:
         med = lambda xs: _ms(summarize(xs).median) if xs else "-"
         corr = "-" if r.correctness is None else ("pass" if r.correctness.get("ok") else "FAIL")
-        sp = "-" if r.speedup is None else f"{r.speedup:.3f}x [{r.ci_low:.3f}, {r.ci_high:.3f}]"
         p = "-" if r.p_value is None else f"{r.p_value:.2g}"
-        rows.append([name, med(r.baseline_ms), med(r.candidate_ms), sp, p, len(r.baseline_ms), corr, r.verdict])
+        rows.append([name, med(r.baseline_ms), med(r.candidate_ms), r.speedup_text, p, len(r.baseline_ms), corr, r.verdict])
     return tabulate(rows, headers=["comparison", "baseline ms", "candidate ms", "speedup [95% CI]", "p", "pairs",
                                    "correct", "verdict"], tablefmt=fmt, disable_numparse=True)

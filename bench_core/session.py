@@ -104,12 +104,11 @@ class BenchSession:
         if self.baseline is None:
             return m, None
         gate = self.config.gate
-        family = max(len(self.baseline), 1)
         base = self.baseline.get(m.name, ())
 
         def judge(x: Measurement) -> Comparison:
-            (c,) = decide_family([compare_runs(m.name, base, [x], gate)], gate,
-                                 family_size=family if family > 1 else None)
+            # a family of one is left unadjusted by decide_family itself
+            (c,) = decide_family([compare_runs(m.name, base, [x], gate)], gate, family_size=len(self.baseline))
             return c
 
         c = judge(m)
@@ -165,7 +164,6 @@ class BenchSession:
                                       [{"scenario": n, "problem": p} for n, p in self.errors],
                                       [c.to_dict() for c in self.comparisons])
             lines.append(f"results written to {p}")
-        if self.config.results_dir is not None:
             for name, res in self.decisions:
                 p = storage.write_decision(self.config.results_dir, res.to_dict(), name)
                 lines.append(f"decision record for {name!r} written to {p}")
