@@ -4,8 +4,8 @@ Schema history (both file kinds share the version number):
   1 (bench_core 0.1.0): first version. A session file holds `environment` once and `results`, a list
     of measurements with raw samples (`host_ms`, `gpu_ms`), the scenario record and the cold start;
     `errors` lists scenarios that failed; `comparisons` (when gated) the gate's decisions. A baseline
-    holds `runs`, each one session's environment and results; a baseline grows by appending runs, never by rewriting old ones. A/B decision records
-    (`bench_core.decision`) carry the same version.
+    holds `runs`, each one session's environment and results; a baseline grows by appending runs,
+    never by rewriting old ones. A/B decision records (`bench_core.decision`) carry the same version.
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
