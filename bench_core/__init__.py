@@ -5,11 +5,11 @@ __version__ = "0.1.0"
 from .errors import BenchError, InvalidRecord, ScenarioError, StorageError  # noqa: E402
 from .scenario import STAGES, Scenario  # noqa: E402
 from .records import ColdStart, Measurement, Memory  # noqa: E402
-from .measure import measure  # noqa: E402
+from .measuring import measure  # noqa: E402
 from .diagnose import stage  # noqa: E402
-from .ab import ab  # noqa: E402
+from .interleaved import ab  # noqa: E402
 from .state import StartingState  # noqa: E402
-from .validate import Tolerance, Variant, validate  # noqa: E402
+from .correctness import Tolerance, Variant, validate  # noqa: E402
 
 __all__ = [
     "__version__", "BenchError", "InvalidRecord", "ScenarioError", "StorageError",

@@ -37,7 +37,7 @@ def cmd_compare(ns) -> int:
     if ns.json:
         print(json.dumps([c.to_dict() for c in comps], indent=1))
     else:
-        print(comparison_table(comps, f"{ns.adjust} across {len(comps)} scenario(s)", gate.alpha))
+        print(comparison_table(comps, gate.alpha))
     bad = [c for c in comps if c.verdict in (SLOWER, INCOMPARABLE)]
     return EXIT_REGRESSED if bad else EXIT_OK
 

@@ -6,8 +6,12 @@ Each run contributes log(median); the change is d = mean(candidate logs) - mean(
 ratio = exp(d). The run-to-run variance tau^2 is estimated from the runs on both sides, pooled with
 a prior (`run_noise`, worth `prior_runs` runs of evidence) so a baseline of one run still gets an
 honest, wide interval instead of a falsely narrow one; when the runs spread more than the prior, the
-prior is dropped (see `run_variance`). A t-test on d gives p (one-sided, in the observed direction)
-and the interval.
+prior is dropped (see `run_variance`). A t-test on d gives p (one-sided, in the observed direction).
+
+Two steps, each done once: `estimate` turns one scenario's runs into d, its standard error and p;
+`decide_family` adjusts the p-values of the scenarios decided together and gives each its verdict
+and the interval at the level that verdict was decided on (a one-sided test at alpha' is the
+two-sided interval at 1 - 2 alpha'), so the printed interval never contradicts the verdict.
 
 Verdicts:
   slower / faster   significant after the family adjustment AND the ratio beyond the noise threshold
@@ -23,17 +27,15 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy import stats as _st
 
 from .environment import differences
 from .records import Measurement
 from .scenario import thaw
-from .stats import adjust_pvalues, median_log_se
+from .stats import adjust_pvalues, mann_whitney, mann_whitney_min_p, median_log_se, t_interval, t_test
 
 SLOWER, FASTER, UNCHANGED, INCONCLUSIVE, INCOMPARABLE = (
     "slower", "faster", "unchanged", "inconclusive", "incomparable",
 )
-VERDICTS = (SLOWER, FASTER, UNCHANGED, INCONCLUSIVE, INCOMPARABLE)
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,11 @@ class GateConfig:
     run_noise: float = 0.10
     prior_runs: float = 2.0        # how many runs of evidence the prior is worth
     adjust: str = "holm"           # holm | bonferroni | bh
-    confidence: float = 0.95
     allow_env_mismatch: bool = False
     confirm_repeats: int = 2       # on "slower", measure this many more times and decide on all samples
 
     def __post_init__(self):
-        for name, lo, hi in (("alpha", 0, 0.5), ("threshold", 0, 1), ("run_noise", 0, 1), ("confidence", 0.5, 1)):
+        for name, lo, hi in (("alpha", 0, 0.5), ("threshold", 0, 1), ("run_noise", 0, 1)):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or not lo < v < hi:
                 if not (name == "threshold" and v == 0):
@@ -64,15 +65,18 @@ class GateConfig:
 
 @dataclass(frozen=True)
 class Comparison:
+    """One scenario's comparison. `verdict` is None on an estimate not decided yet (see `decide_family`)."""
+
     name: str
-    verdict: str
+    verdict: str | None
     reason: str
     threshold: float
     baseline_median: float | None = None
     candidate_median: float | None = None
     ratio: float | None = None
-    ci_low: float | None = None
+    ci_low: float | None = None            # interval of the ratio at `confidence`
     ci_high: float | None = None
+    confidence: float | None = None        # 1 - 2 alpha': the level the verdict was decided at
     p_value: float | None = None           # run-level t-test, one-sided in the observed direction, unadjusted
     p_adjusted: float | None = None
     mw_p_value: float | None = None        # Mann-Whitney U on pooled samples (within-run evidence only)
@@ -83,6 +87,7 @@ class Comparison:
     differences: Mapping = field(default_factory=dict)
     df: float | None = None
     se: float | None = None
+    adjustment: str | None = None          # how p was adjusted for the family, in words
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -105,18 +110,19 @@ def _scenario_differences(base: Measurement, cand: Measurement) -> dict:
     return diffs
 
 
-def _mw_min_p(n1: int, n2: int) -> float:
-    """Smallest two-sided p a Mann-Whitney test can reach with these sizes (complete separation)."""
-    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+def compare_runs(name: str, baseline: Sequence[Measurement], candidate: Sequence[Measurement],
+                 config: GateConfig = GateConfig()) -> Comparison:
+    """One scenario decided on its own (a family of one)."""
+    return decide_family([estimate(name, baseline, candidate, config)], config)[0]
 
 
-def compare_runs(
+def estimate(
     name: str,
     baseline: Sequence[Measurement],
     candidate: Sequence[Measurement],
     config: GateConfig = GateConfig(),
 ) -> Comparison:
-    """Compare one scenario; the p-value is unadjusted (see `decide_family`)."""
+    """One scenario's change, standard error and unadjusted p; undecided unless it cannot be decided."""
     if not baseline or not candidate:
         side = "baseline" if not baseline else "current run"
         return Comparison(name, INCONCLUSIVE, f"scenario missing from the {side}", config.threshold)
@@ -143,14 +149,9 @@ def compare_runs(
                           reason="a run median is 0 ms (below the timer's resolution): a ratio has no meaning",
                           **common)
 
-    if np.all(b_pool == b_pool[0]) and np.all(c_pool == c_pool[0]) and b_pool[0] == c_pool[0]:
-        mw_p, effect = 1.0, 0.0  # identical constant samples: no evidence of any change
-    else:
-        u = _st.mannwhitneyu(c_pool, b_pool, alternative="two-sided")
-        mw_p = float(u.pvalue)
-        effect = float(2.0 * u.statistic / (len(c_pool) * len(b_pool)) - 1.0)
+    mw_p, effect = mann_whitney(c_pool, b_pool)
     common.update(mw_p_value=mw_p, effect=effect)
-    if _mw_min_p(len(b_pool), len(c_pool)) > config.alpha:
+    if mann_whitney_min_p(len(b_pool), len(c_pool)) > config.alpha:
         return Comparison(verdict=INCONCLUSIVE,
                           reason=f"too few samples ({len(b_pool)} vs {len(c_pool)}) to ever reach p < {config.alpha}",
                           **common)
@@ -165,11 +166,7 @@ def compare_runs(
     d = float(c_log.mean() - b_log.mean())
     # One-sided in the direction observed: a false "slower" (or a false "faster") happens at most
     # alpha of the time, which is the error a CI gate cares about.
-    p = float(_st.t.sf(abs(d) / se, df))
-    q = float(_st.t.ppf(0.5 + config.confidence / 2.0, df))
-    common.update(ratio=math.exp(d), ci_low=math.exp(d - q * se), ci_high=math.exp(d + q * se),
-                  p_value=p, p_adjusted=p, df=df, se=se)
-    return decide(Comparison(verdict=INCONCLUSIVE, reason="", **common), p, config.alpha)
+    return Comparison(verdict=None, reason="", ratio=math.exp(d), p_value=t_test(d, se, df), df=df, se=se, **common)
 
 
 def run_variance(ss: float, df_data: int, prior_var: float, prior_runs: float) -> tuple[float, float]:
@@ -188,10 +185,16 @@ def run_variance(ss: float, df_data: int, prior_var: float, prior_runs: float) -
     return (prior_runs * prior_var + ss) / (prior_runs + df_data), prior_runs + df_data
 
 
-def decide(c: Comparison, p_adjusted: float, alpha: float) -> Comparison:
-    """Turn one comparison's adjusted p-value into its verdict. Pure: same input, same verdict."""
-    if c.ratio is None or c.verdict == INCOMPARABLE:
+def decide(c: Comparison, p_adjusted: float, alpha: float, adjustment: str) -> Comparison:
+    """Turn one estimate's adjusted p-value into its verdict and interval. Pure: same input, same verdict."""
+    if c.verdict is not None:
         return c
+    # The per-test level the adjustment used: p < alpha' exactly when p_adjusted < alpha.
+    alpha_used = alpha * c.p_value / p_adjusted if p_adjusted > 0 and c.p_value > 0 else alpha
+    confidence = 1.0 - 2.0 * alpha_used
+    d = math.log(c.ratio)
+    lo, hi = (math.exp(v) for v in t_interval(d, c.se, c.df, confidence))
+    c = replace(c, ci_low=lo, ci_high=hi, confidence=confidence, p_adjusted=p_adjusted, adjustment=adjustment)
     thr = c.threshold
     sig = p_adjusted < alpha
     if sig and c.ratio > 1 + thr:
@@ -200,14 +203,14 @@ def decide(c: Comparison, p_adjusted: float, alpha: float) -> Comparison:
         verdict, why = FASTER, f"significant (p_adj={p_adjusted:.2g} < {alpha}) and {c.ratio - 1:+.1%} beyond the {thr:.0%} threshold"
     elif sig:
         verdict, why = UNCHANGED, f"significant but {c.ratio - 1:+.1%} is inside the {thr:.0%} threshold"
-    elif c.ci_low >= 1 / (1 + 2 * thr) and c.ci_high <= 1 + 2 * thr:
-        verdict, why = UNCHANGED, f"no significant change; the interval lies within +-{2 * thr:.0%}"
+    elif lo >= 1 / (1 + 2 * thr) and hi <= 1 + 2 * thr:
+        verdict, why = UNCHANGED, f"no significant change; the {confidence:.1%} interval lies within +-{2 * thr:.0%}"
     else:
         verdict, why = INCONCLUSIVE, (
-            f"no significant change, but the interval [{c.ci_low:.3f}, {c.ci_high:.3f}] is too wide to rule out "
+            f"no significant change, but the {confidence:.1%} interval [{lo:.3f}, {hi:.3f}] is too wide to rule out "
             f"a {2 * thr:.0%} change: add baseline runs (--bench-save NAME --bench-append) or repeats"
         )
-    return replace(c, verdict=verdict, reason=why, p_adjusted=p_adjusted)
+    return replace(c, verdict=verdict, reason=why)
 
 
 def confirm(first: Comparison, pooled: Comparison) -> Comparison:
@@ -225,19 +228,25 @@ def confirm(first: Comparison, pooled: Comparison) -> Comparison:
                                   f"samples: {pooled.reason}")
 
 
-def decide_family(comparisons: Sequence[Comparison], config: GateConfig = GateConfig(),
+def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConfig(),
                   family_size: int | None = None) -> list[Comparison]:
-    """Adjust p-values across scenarios compared together, then decide each verdict.
+    """The one decision: adjust the p-values of scenarios compared together, then decide each once.
 
-    `family_size` larger than the list (for decisions taken one test at a time, before the other
-    scenarios have run) makes the adjustment Bonferroni over that many, which never under-corrects.
+    `family_size` larger than the list means the decision is taken before the rest of the family
+    exists (pytest decides each scenario as soon as it has run). Holm's and Benjamini-Hochberg's
+    steps need every p-value, so the adjustment is then Bonferroni over `family_size`: Holm's own
+    first, most demanding step, which never under-corrects.
     """
-    ps = [c.p_value for c in comparisons]
-    if family_size is not None and family_size > len(comparisons):
+    ps = [c.p_value if c.verdict is None else None for c in estimates]
+    n = sum(p is not None for p in ps)
+    if family_size is not None and family_size > len(estimates):
         adj = [None if p is None else min(1.0, p * family_size) for p in ps]
+        how = (f"bonferroni over the baseline's {family_size} scenarios (decided one at a time; "
+               f"{config.adjust} asked for)")
     else:
         adj = adjust_pvalues(ps, config.adjust)
-    return [c if a is None else decide(c, a, config.alpha) for c, a in zip(comparisons, adj)]
+        how = f"{config.adjust} over {n} scenario(s)" if n > 1 else "none (one scenario)"
+    return [c if a is None else decide(c, a, config.alpha, how) for c, a in zip(estimates, adj)]
 
 
 def compare_sets(
@@ -247,5 +256,4 @@ def compare_sets(
 ) -> list[Comparison]:
     """Every scenario on either side, compared and decided as one family."""
     names = list(dict.fromkeys([*baseline.keys(), *candidate.keys()]))
-    raw = [compare_runs(n, baseline.get(n, ()), candidate.get(n, ()), config) for n in names]
-    return decide_family(raw, config)
+    return decide_family([estimate(n, baseline.get(n, ()), candidate.get(n, ()), config) for n in names], config)

@@ -171,7 +171,7 @@ class BenchFixture:
 
             self._node.user_properties.append(("bench_verdict", c.verdict))
             if self._session.fails(c):
-                table = comparison_table([c], self._session.adjustment, self._session.config.gate.alpha)
+                table = comparison_table([c], self._session.config.gate.alpha)
                 pytest.fail(f"scenario {m.name!r} is {c.verdict} than baseline "
                             f"{self._session.config.compare!r}: {c.reason}\n{table}", pytrace=False)
         return m
@@ -179,7 +179,7 @@ class BenchFixture:
     def validate(self, baseline, candidate, state, model, optimizer=None, **kwargs):
         """Correctness from a saved state. Returns the report for the test to assert on; passed to
         `ab` as `validation`, a failed report rejects the candidate there without timing it."""
-        from bench_core.validate import validate
+        from bench_core.correctness import validate
 
         rep = validate(baseline, candidate, state, model, optimizer, **kwargs)
         self._node.user_properties.append(("bench_correct", rep.ok))
@@ -188,7 +188,7 @@ class BenchFixture:
     def reference(self, name, variant, state, model, optimizer=None, *, steps=3, tolerance=None):
         """Across commits: with --bench-ref-save, record `variant`'s outputs from `state` as reference
         NAME; otherwise check `variant` against the saved reference (skip when there is none yet)."""
-        from bench_core.validate import check_reference, save_reference
+        from bench_core.correctness import check_reference, save_reference
 
         cfg = self._node.config
         path = Path(str(cfg.rootpath)) / cfg.getoption(OPT_REFS) / f"{name}.pt"
@@ -205,7 +205,7 @@ class BenchFixture:
 
     def ab(self, name, baseline, candidate, *, validation=None, **kwargs):
         """Interleaved A/B timing after correctness; an incorrect candidate fails this test."""
-        from bench_core.ab import REJECTED
+        from bench_core.interleaved import REJECTED
         from bench_core.errors import ScenarioError
 
         try:
@@ -250,7 +250,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.write_line(f"{where} ({p.redaction})")
     if session.baseline is not None:
         tr.section(f"bench_core comparison with baseline {session.config.compare!r}")
-        tr.write_line(comparison_table(session.comparisons, session.adjustment, session.config.gate.alpha))
+        tr.write_line(comparison_table(session.comparisons, session.config.gate.alpha))
         missing = session.missing_from_run()
         if missing:
             tr.write_line(f"in the baseline but not run now: {', '.join(missing)}")

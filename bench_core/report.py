@@ -67,24 +67,27 @@ def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, st
     return out
 
 
-COMPARE_HEADERS = ["scenario", "baseline ms", "current ms", "ratio", "95% CI", "p (adj)", "runs b/c", "verdict"]
+COMPARE_HEADERS = ["scenario", "baseline ms", "current ms", "ratio", "interval (level)", "p (adj)", "runs b/c",
+                   "verdict"]
 
 
 def comparison_row(c: Comparison) -> list[str]:
     def num(v, f):
         return "-" if v is None else format(v, f)
 
-    ci = "-" if c.ci_low is None else f"[{c.ci_low:.3f}, {c.ci_high:.3f}]"
+    ci = "-" if c.ci_low is None else f"[{c.ci_low:.3f}, {c.ci_high:.3f}] ({c.confidence:.1%})"
     p = "-" if c.p_value is None else f"{c.p_value:.2g} ({c.p_adjusted:.2g})"
     return [c.name, num(c.baseline_median, ".4g"), num(c.candidate_median, ".4g"), num(c.ratio, ".3f"), ci, p,
             f"{c.baseline_runs}/{c.candidate_runs}", c.verdict]
 
 
-def comparison_table(comparisons: Sequence[Comparison], method: str, alpha: float, fmt: str = "simple") -> str:
+def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str = "simple") -> str:
     body = tabulate([comparison_row(c) for c in comparisons], headers=COMPARE_HEADERS, tablefmt=fmt,
                     disable_numparse=True)
     notes = [f"{c.name}: {c.verdict}: {c.reason}" for c in comparisons if c.verdict != "unchanged"]
-    foot = f"\np-values adjusted by {method}; alpha={alpha}"
+    methods = sorted({c.adjustment for c in comparisons if c.adjustment})
+    foot = (f"\np-values adjusted by {'; '.join(methods) or 'nothing (no scenario was decidable)'}; alpha={alpha}; "
+            f"each interval is at the level its verdict was decided at")
     return body + foot + ("\n" + "\n".join(notes) if notes else "")
 
 

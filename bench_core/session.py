@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .compare import INCOMPARABLE, SLOWER, Comparison, GateConfig, compare_runs, confirm, decide_family
+from .compare import INCOMPARABLE, SLOWER, Comparison, GateConfig, confirm, decide_family, estimate
 from .errors import ScenarioError, StorageError
-from .measure import measure
+from .measuring import measure
 from .records import Measurement
 from .scenario import Scenario
 from . import storage
@@ -107,8 +107,7 @@ class BenchSession:
         base = self.baseline.get(m.name, ())
 
         def judge(x: Measurement) -> Comparison:
-            # a family of one is left unadjusted by decide_family itself
-            (c,) = decide_family([compare_runs(m.name, base, [x], gate)], gate, family_size=len(self.baseline))
+            (c,) = decide_family([estimate(m.name, base, [x], gate)], gate, family_size=len(self.baseline))
             return c
 
         c = judge(m)
@@ -117,12 +116,6 @@ class BenchSession:
             c = confirm(c, judge(m))
         self.comparisons.append(c)
         return m, c
-
-    @property
-    def adjustment(self) -> str:
-        """How the p-values of this session's gate decisions were adjusted, in words for the report."""
-        n = len(self.baseline or ())
-        return f"Bonferroni over the baseline's {n} scenario(s)" if n > 1 else "none (one scenario)"
 
     @staticmethod
     def fails(c: Comparison | None) -> bool:
@@ -137,7 +130,7 @@ class BenchSession:
     def ab(self, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any], *, validation=None,
            state_hash: str | None = None, **kwargs):
         """Interleaved A/B of two callables on this session's device, after their correctness result."""
-        from .ab import ab
+        from .interleaved import ab
 
         if self.config.quick:
             kwargs.setdefault("repeats", 10)

@@ -120,5 +120,61 @@ def adjust_pvalues(pvalues: Sequence[float | None], method: str = "holm") -> lis
     return out
 
 
-def finite_positive(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x) and x >= 0
+# -- tests and intervals the decisions use ------------------------------------------------------------
+def t_test(d: float, se: float, df: float) -> float:
+    """One-sided p of a t statistic d/se in the direction observed."""
+    return float(_st.t.sf(abs(d) / se, df))
+
+
+def t_interval(d: float, se: float, df: float, confidence: float) -> tuple[float, float]:
+    """Two-sided interval of d at `confidence`."""
+    q = float(_st.t.ppf(0.5 + confidence / 2.0, df))
+    return d - q * se, d + q * se
+
+
+def mann_whitney(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, float]:
+    """Two-sided Mann-Whitney U p-value and Cliff's delta (P(cand > base) - P(cand < base))."""
+    c, b = np.asarray(candidate, float), np.asarray(baseline, float)
+    if np.all(c == c[0]) and np.all(b == c[0]):
+        return 1.0, 0.0  # identical constant samples: no evidence of any change
+    u = _st.mannwhitneyu(c, b, alternative="two-sided")
+    return float(u.pvalue), float(2.0 * u.statistic / (c.size * b.size) - 1.0)
+
+
+def mann_whitney_min_p(n1: int, n2: int) -> float:
+    """Smallest two-sided p a Mann-Whitney test can reach with these sizes (complete separation).
+
+    In log space: the binomial coefficient of two 300-sample runs does not fit a float.
+    """
+    log_comb = math.lgamma(n1 + n2 + 1) - math.lgamma(n1 + 1) - math.lgamma(n2 + 1)
+    return min(1.0, math.exp(math.log(2.0) - log_comb))
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """Median of paired ratios a/b with a bootstrap interval and a Wilcoxon signed-rank p-value."""
+
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    n: int
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, seed: int = 0,
+                 n_resamples: int = 2000) -> PairedRatio:
+    """a[i] and b[i] are one pair; every value > 0. Pure: same input, same figures."""
+    x, y = np.asarray(a, float), np.asarray(b, float)
+    if x.shape != y.shape or x.size < 6:
+        raise ValueError("a paired ratio needs equal-length samples, at least 6 pairs")
+    if np.any(x <= 0) or np.any(y <= 0):
+        raise ValueError("a paired ratio needs positive samples")
+    r = np.log(x) - np.log(y)
+    ratio = float(math.exp(np.median(r)))
+    if np.all(r == r[0]):
+        return PairedRatio(ratio, ratio, ratio, 0.0 if r[0] != 0 and x.size >= 20 else 1.0, int(x.size))
+    ci = _st.bootstrap((r,), np.median, confidence_level=confidence, n_resamples=n_resamples, method="percentile",
+                       random_state=np.random.default_rng(seed), vectorized=True, axis=-1).confidence_interval
+    nonzero = r[r != 0]
+    p = float(_st.wilcoxon(nonzero).pvalue) if nonzero.size >= 6 else 1.0
+    return PairedRatio(ratio, float(math.exp(ci.low)), float(math.exp(ci.high)), p, int(x.size))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 WORKER = r"""
 import json, sys, torch
-from bench_core.ab import ab
+from bench_core.interleaved import ab
 torch.set_num_threads(1)
 calls_a, calls_b, seed = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 a = torch.randn(256, 256)

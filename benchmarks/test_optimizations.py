@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from bench_core.state import StartingState
-from bench_core.validate import Tolerance, Variant, bind
+from bench_core.correctness import Tolerance, Variant, bind
 from models import MLP
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from bench_core import ScenarioError
-from bench_core.ab import FASTER, NO_DIFFERENCE, REJECTED, SLOWER, ab, paired_decision, source_identity
+from bench_core.interleaved import FASTER, NO_DIFFERENCE, REJECTED, SLOWER, ab, paired_decision, source_identity
 from bench_core.backends import CudaBackend
 from fakes import FakeClock, FakeGPU
 
@@ -61,8 +61,7 @@ def test_slower_candidate():
 def test_small_effect_below_min_effect_is_no_difference():
     base = [10.0 + 0.01 * i for i in range(30)]
     cand = [v / 1.004 for v in base]                     # a real but negligible 0.4%
-    verdict, *_ = paired_decision(base, cand, min_effect=0.01)
-    assert verdict == NO_DIFFERENCE
+    assert paired_decision(base, cand, min_effect=0.01).verdict == NO_DIFFERENCE
 
 
 def test_incorrect_candidate_gets_no_speed_verdict_and_is_not_timed():
@@ -122,15 +121,16 @@ def test_bad_input_names_the_comparison():
 def test_paired_decision_refuses_unpaired_input():
     with pytest.raises(ValueError):
         paired_decision([1.0] * 10, [1.0] * 9)
-    v, reason, *rest = paired_decision([0.0] * 10, [1.0] * 10)
-    assert v == NO_DIFFERENCE and "0 ms" in reason and rest == [None, None, None, None]
+    d = paired_decision([0.0] * 10, [1.0] * 10)
+    assert d.verdict == NO_DIFFERENCE and "0 ms" in d.reason
+    assert (d.speedup, d.ci_low, d.ci_high, d.p_value) == (None, None, None, None)
 
 
 def test_identity_of_bound_variants_names_step_and_optimizer():
     import torch
 
     from bench_core.state import StartingState
-    from bench_core.validate import Variant, bind
+    from bench_core.correctness import Variant, bind
 
     def step(model, opt, batch):
         opt.zero_grad()

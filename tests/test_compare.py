@@ -4,7 +4,7 @@ import pytest
 from scipy import stats as st
 
 from bench_core.compare import (FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED, GateConfig,
-                                compare_runs, compare_sets, decide_family)
+                                compare_runs, compare_sets, decide_family, estimate)
 from helpers import ENV, meas, runs
 
 
@@ -44,7 +44,9 @@ def test_p_value_is_the_t_test_of_the_model():
     assert c.ratio == pytest.approx(12 / math.exp(mean_b))
     assert c.df == 6
     assert c.p_value == pytest.approx(st.t.sf(d / se, 6))  # one-sided, observed direction
-    q = st.t.ppf(0.975, 6)
+    # a family of one decided at alpha=0.01 one-sided: the interval shown is the two-sided 98% one
+    q = st.t.ppf(0.99, 6)
+    assert c.confidence == pytest.approx(0.98)
     assert (c.ci_low, c.ci_high) == pytest.approx((math.exp(d - q * se), math.exp(d + q * se)))
 
 
@@ -109,9 +111,14 @@ def test_family_adjustment_can_turn_a_lone_regression_into_inconclusive():
     base = runs([10, 10.1, 9.9], seed=1)
     c = compare_runs("s", base, runs([10.9], seed=2), GateConfig(run_noise=0.02))
     assert c.verdict == SLOWER and 0.001 < c.p_value < 0.01
-    (adj,) = decide_family([c], GateConfig(run_noise=0.02), family_size=50)
+    (adj,) = decide_family([estimate("s", base, runs([10.9], seed=2), GateConfig(run_noise=0.02))],
+                           GateConfig(run_noise=0.02), family_size=50)
     assert adj.p_adjusted == pytest.approx(min(1, c.p_value * 50))
     assert adj.verdict != SLOWER
+    # the interval shown is the one the adjusted verdict used: wider, and now covering 1
+    assert adj.confidence == pytest.approx(1 - 2 * 0.01 / 50)
+    assert adj.ci_low < 1 < adj.ci_high and c.ci_low > 1
+    assert "bonferroni over the baseline's 50" in adj.adjustment
 
 
 def test_gate_config_refuses_nonsense():

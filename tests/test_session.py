@@ -92,4 +92,4 @@ def test_gate_decisions_are_kept_in_the_session_file(tmp_path):
     (line,) = s.finish()
     doc = json.loads(open(line.removeprefix("results written to ")).read())
     assert doc["comparisons"][0]["verdict"] == "slower" and "results written" in line
-    assert s.adjustment == "none (one scenario)"
+    assert doc["comparisons"][0]["adjustment"] == "none (one scenario)"

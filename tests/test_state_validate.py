@@ -7,7 +7,7 @@ from torch import nn
 
 from bench_core import StorageError
 from bench_core.state import StartingState
-from bench_core.validate import (Tolerance, Variant, check_reference, save_reference, tolerance_for, validate)
+from bench_core.correctness import (Tolerance, Variant, check_reference, save_reference, tolerance_for, validate)
 
 
 def _setup(seed=0):

@@ -121,7 +121,7 @@ def test_session_file_reads_as_one_run(tmp_path):
 def test_decision_record_with_non_finite_errors_is_written_as_json(tmp_path):
     import math
 
-    from bench_core.validate import TensorDiff
+    from bench_core.correctness import TensorDiff
 
     diff = TensorDiff("step[0].output", 0, math.inf, math.nan, 1e-5, 1e-5, "non-finite in candidate")
     p = storage.write_decision(tmp_path, {"correctness": {"diffs": [diff.to_dict()]}}, "nan case")

@@ -1,57 +1,15 @@
-"""The measuring loop: cold start, warmup, timed samples. Profiler-free, no syncs inside a timed call."""
+"""`measure`: one scenario's cold start, warmup and timed samples, taken with the one sample loop."""
 from __future__ import annotations
 
-import gc
-import time
-from contextlib import contextmanager
 from typing import Any, Callable, Mapping
 
 from .backends import Backend, backend_for
 from .errors import InvalidRecord, ScenarioError
 from .records import ColdStart, Measurement
+from .sampling import Clock, Sampler, gc_paused, set_threads
 from .scenario import Scenario
 
-Clock = Callable[[], int]  # nanoseconds, monotonic
-
 MIN_REPEATS = 2
-
-
-@contextmanager
-def _gc_off():
-    # A collection landing inside one sample adds milliseconds to it alone: keep it out of the window.
-    was = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-def _set_threads(threads: int | None) -> int | None:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return threads
-    if threads is not None:
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
-
-
-def _timed(fn: Callable[[], Any], calls: int, backend: Backend, clock: Clock) -> tuple[float, float | None]:
-    """Time `calls` back-to-back calls: one sync before, events around, one sync after."""
-    backend.synchronize()  # earlier work must not leak into this window
-    start_ev = backend.event()
-    t0 = clock()
-    for _ in range(calls):
-        fn()
-    end_ev = backend.event()
-    backend.synchronize()
-    t1 = clock()
-    host = (t1 - t0) / 1e6 / calls
-    gpu = backend.elapsed_ms(start_ev, end_ev) / calls if start_ev is not None else None
-    return host, gpu
 
 
 def measure(
@@ -105,42 +63,26 @@ def measure(
     backend = backend or backend_for(device)
     if backend.kind != device:
         raise ScenarioError(name, f"backend {backend.kind!r} does not match device {device!r}")
-    clock = clock or time.perf_counter_ns
-    used_threads = _set_threads(threads)
+    sampler = Sampler(name, backend, clock)
+    used_threads = set_threads(threads)
 
-    def stage(label: str, f: Callable[[], Any]):
-        try:
-            return f()
-        except ScenarioError:
-            raise
-        except Exception as exc:  # the user's code failed: say where, keep the cause chained
-            raise ScenarioError(name, f"{label} raised {type(exc).__name__}: {exc}") from exc
-
-    load_ms = None
-    if load is not None:
-        t0 = clock()
-        stage("load", load)
-        backend.synchronize()
-        load_ms = (clock() - t0) / 1e6
-
+    load_ms = sampler.elapsed_ms(load, "load") if load is not None else None
     if setup is not None:
-        stage("setup before the first call", setup)
-    first_host, first_gpu = stage("the first call (cold start)", lambda: _timed(fn, 1, backend, clock))
+        sampler.call("setup before the first call", setup)
+    cold = sampler.sample(fn, what="the first call (cold start)")
 
     for i in range(warmup):
         if setup is not None:
-            stage(f"setup before warmup call {i}", setup)
-        stage(f"warmup call {i}", fn)
+            sampler.call(f"setup before warmup call {i}", setup)
+        sampler.call(f"warmup call {i}", fn)
 
-    host, gpu = [], []
-    with _gc_off():
+    samples = []
+    with gc_paused():
         backend.memory_begin()
         for i in range(repeats):
             if setup is not None:
-                stage(f"setup before sample {i}", setup)
-            h, g = stage(f"sample {i}", lambda: _timed(fn, block_size, backend, clock))
-            host.append(h)
-            gpu.append(g)
+                sampler.call(f"setup before sample {i}", setup)
+            samples.append(sampler.sample(fn, block_size, what=f"sample {i}"))
         memory = backend.memory_end()
 
     try:
@@ -151,9 +93,9 @@ def measure(
             block_size=block_size,
             warmup=warmup,
             repeats=repeats,
-            host_ms=tuple(host),
-            gpu_ms=tuple(gpu) if backend.kind == "cuda" else None,
-            cold_start=ColdStart(first_host, first_gpu, load_ms),
+            host_ms=tuple(x.host_ms for x in samples),
+            gpu_ms=tuple(x.gpu_ms for x in samples) if backend.kind == "cuda" else None,
+            cold_start=ColdStart(cold.host_ms, cold.gpu_ms, load_ms),
             items=items,
             threads=used_threads,
             memory=memory,

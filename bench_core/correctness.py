@@ -175,24 +175,34 @@ def run_variant(variant: Variant, state: StartingState, model: torch.nn.Module,
     return records, mutations
 
 
-def bind(variant: Variant | Callable, state: StartingState, model: torch.nn.Module,
-         optimizer: torch.optim.Optimizer | None = None, device=None) -> Callable[[], Any]:
-    """A zero-argument step for timing: this variant on its own model, restored from `state`,
-    cycling through the saved batches. Give each variant its own model instance."""
-    variant = as_variant(variant)
-    opt = variant.optimizer(model.parameters()) if variant.optimizer is not None else optimizer
-    batches = state.restore(model, opt, device=device)
-    i = {"n": 0}
+class BoundStep:
+    """A zero-argument step for timing: one variant on its own model, restored from a state, cycling
+    through the saved batches. Its `identity_parts` name the step and the optimizer factory, so an A/B
+    record shows the source of each."""
 
-    def step():
-        out = variant.step(model, opt, batches[i["n"] % len(batches)])
-        i["n"] += 1
+    def __init__(self, variant: Variant, model: torch.nn.Module, optimizer, batches: list):
+        self.variant, self.model, self.optimizer, self.batches = variant, model, optimizer, batches
+        self.calls = 0
+        self.__qualname__ = f"bound({variant.label})"
+
+    def __call__(self):
+        out = self.variant.step(self.model, self.optimizer, self.batches[self.calls % len(self.batches)])
+        self.calls += 1
         return out
 
-    step.__qualname__ = f"bound({variant.label})"
-    step.__bench_identity__ = {"variant": variant.label, "step": variant.step,
-                               **({"optimizer": variant.optimizer} if variant.optimizer is not None else {})}
-    return step
+    def identity_parts(self) -> tuple[str, dict]:
+        parts = {"step": self.variant.step}
+        if self.variant.optimizer is not None:
+            parts["optimizer"] = self.variant.optimizer
+        return self.variant.label, parts
+
+
+def bind(variant: Variant | Callable, state: StartingState, model: torch.nn.Module,
+         optimizer: torch.optim.Optimizer | None = None, device=None) -> BoundStep:
+    """`variant` on `model` (give each variant its own instance), restored from `state`, ready to time."""
+    variant = as_variant(variant)
+    opt = variant.optimizer(model.parameters()) if variant.optimizer is not None else optimizer
+    return BoundStep(variant, model, opt, state.restore(model, opt, device=device))
 
 
 def _flat(obj: Any) -> list[torch.Tensor]:

@@ -11,30 +11,34 @@ import hashlib
 import inspect
 import math
 import random
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
-
-import numpy as np
-from scipy import stats as _st
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from .backends import Backend, backend_for
 from .errors import ScenarioError
-from .measure import _gc_off, _timed
-from .stats import summarize
+from .sampling import Clock, Sampler, gc_paused
+from .stats import paired_ratio, summarize
 
 FASTER, SLOWER, NO_DIFFERENCE, REJECTED = "faster", "slower", "no significant difference", "rejected: incorrect"
+
+
+@runtime_checkable
+class Composite(Protocol):
+    """A callable made of named parts (a bound variant: its step and its optimizer factory), so a
+    decision record names each part with its own source hash."""
+
+    def identity_parts(self) -> tuple[str, Mapping[str, Callable]]: ...
 
 
 def source_identity(fn: Callable) -> dict:
     """Qualified name and a hash of the source: what makes a decision reproducible.
 
-    A step bound by `validate.bind` names its variant, its step and its optimizer factory, since two
-    variants may share a step and differ only in the optimizer they build.
+    A `Composite` (such as a step bound by `bench_core.correctness.bind`) names each of its parts,
+    since two variants may share a step and differ only in the optimizer they build.
     """
-    parts = getattr(fn, "__bench_identity__", None)
-    if parts is not None:
-        return {"name": parts["variant"], **{k: source_identity(v) for k, v in parts.items() if k != "variant"}}
+    if isinstance(fn, Composite):
+        label, parts = fn.identity_parts()
+        return {"name": label, **{k: source_identity(v) for k, v in parts.items()}}
     target = inspect.unwrap(getattr(fn, "func", fn))
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
     try:
@@ -90,37 +94,39 @@ class ABResult:
         return f"{out}\nspeedup {self.speedup_text}, p={p}: {self.verdict} ({self.reason})".lstrip()
 
 
+@dataclass(frozen=True)
+class PairedDecision:
+    verdict: str
+    reason: str
+    speedup: float | None = None      # baseline time / candidate time (>1: candidate faster)
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None
+
+
 def paired_decision(base_ms, cand_ms, alpha: float = 0.01, min_effect: float = 0.01,
-                    confidence: float = 0.95, seed: int = 0) -> tuple[str, str, float | None, float | None,
-                                                                      float | None, float | None]:
-    """Pure: verdict, reason, speedup, CI and p from paired samples (same index = same pair)."""
-    a, b = np.asarray(base_ms, float), np.asarray(cand_ms, float)
-    if a.shape != b.shape or a.size < 6:
+                    confidence: float = 0.95, seed: int = 0) -> PairedDecision:
+    """Pure: the verdict from paired samples (same index = same pair)."""
+    if len(base_ms) != len(cand_ms) or len(base_ms) < 6:
         raise ValueError("paired decision needs equal-length samples, at least 6 pairs")
-    if np.any(a <= 0) or np.any(b <= 0):
-        return NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None, None
-    r = np.log(a) - np.log(b)            # > 0: candidate faster
-    speedup = float(math.exp(np.median(r)))
-    if np.all(r == r[0]):
-        lo = hi = speedup
-        p = 0.0 if r[0] != 0 and a.size >= 20 else 1.0
-    else:
-        ci = _st.bootstrap((r,), np.median, confidence_level=confidence, n_resamples=2000, method="percentile",
-                           random_state=np.random.default_rng(seed), vectorized=True, axis=-1).confidence_interval
-        lo, hi = float(math.exp(ci.low)), float(math.exp(ci.high))
-        nonzero = r[r != 0]
-        p = float(_st.wilcoxon(nonzero).pvalue) if nonzero.size >= 6 else 1.0
+    if min(base_ms) <= 0 or min(cand_ms) <= 0:
+        return PairedDecision(NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio")
+    est = paired_ratio(base_ms, cand_ms, confidence, seed)
+    sp, lo, hi, p = est.ratio, est.ci_low, est.ci_high, est.p_value
     if p < alpha and lo > 1 + min_effect:
-        return FASTER, f"significant (p={p:.2g} < {alpha}) and the whole interval beyond +{min_effect:.0%}", speedup, lo, hi, p
+        return PairedDecision(FASTER, f"significant (p={p:.2g} < {alpha}) and the whole interval beyond "
+                                      f"+{min_effect:.0%}", sp, lo, hi, p)
     if p < alpha and hi < 1 / (1 + min_effect):
-        return SLOWER, f"significant (p={p:.2g} < {alpha}) and the whole interval beyond -{min_effect:.0%}", speedup, lo, hi, p
-    return NO_DIFFERENCE, f"p={p:.2g}, interval [{lo:.3f}, {hi:.3f}] (needs p < {alpha} and a change beyond {min_effect:.0%})", speedup, lo, hi, p
+        return PairedDecision(SLOWER, f"significant (p={p:.2g} < {alpha}) and the whole interval beyond "
+                                      f"-{min_effect:.0%}", sp, lo, hi, p)
+    return PairedDecision(NO_DIFFERENCE, f"p={p:.2g}, interval [{lo:.3f}, {hi:.3f}] (needs p < {alpha} and a change "
+                                         f"beyond {min_effect:.0%})", sp, lo, hi, p)
 
 
 def ab(baseline: Callable[[], Any], candidate: Callable[[], Any], *, device: str = "cpu", warmup: int = 5,
        repeats: int = 60, alpha: float = 0.01, min_effect: float = 0.01, seed: int = 0,
        correctness=None, state_hash: str | None = None, environment: Mapping[str, Any] | None = None,
-       clock: Callable[[], int] | None = None, backend: Backend | None = None, name: str = "ab") -> ABResult:
+       clock: Clock | None = None, backend: Backend | None = None, name: str = "ab") -> ABResult:
     """Time two zero-argument callables interleaved, pair by pair, and decide.
 
     `correctness`: a ValidationReport; when it failed, nothing is timed and the verdict is
@@ -142,27 +148,20 @@ def ab(baseline: Callable[[], Any], candidate: Callable[[], Any], *, device: str
     if correctness is not None and not correctness.ok:
         return ABResult(REJECTED, "the candidate failed correctness, so it gets no speed verdict",
                         None, None, None, None, **common)
-    backend = backend or backend_for(device)
-    clock = clock or time.perf_counter_ns
+    sampler = Sampler(name, backend or backend_for(device), clock)
     fns = {"baseline": baseline, "candidate": candidate}
 
     def timed(label: str) -> float:
-        try:
-            host, gpu = _timed(fns[label], 1, backend, clock)
-        except Exception as exc:
-            raise ScenarioError(name, f"{label} raised {type(exc).__name__}: {exc}") from exc
-        return gpu if gpu is not None else host
+        return sampler.sample(fns[label], what=label).primary_ms
 
     rng = random.Random(seed)
     order = ["baseline", "candidate"]
-    cold = {}
-    for label in order:  # cold starts kept apart, one each
-        cold[label] = timed(label)
+    cold = {label: timed(label) for label in order}  # cold starts kept apart, one each
     for _ in range(warmup):
         for label in rng.sample(order, 2):
             timed(label)
     samples = {"baseline": [], "candidate": []}
-    with _gc_off():
+    with gc_paused():
         for _ in range(repeats):
             for label in rng.sample(order, 2):
                 samples[label].append(timed(label))
@@ -170,7 +169,6 @@ def ab(baseline: Callable[[], Any], candidate: Callable[[], Any], *, device: str
         bad = [v for v in xs if not math.isfinite(v) or v < 0]
         if bad:
             raise ScenarioError(name, f"{label} produced an impossible sample {bad[0]!r} ms")
-    verdict, reason, sp, lo, hi, p = paired_decision(samples["baseline"], samples["candidate"], alpha, min_effect,
-                                                      seed=seed)
-    return ABResult(verdict, reason, sp, lo, hi, p, tuple(samples["baseline"]), tuple(samples["candidate"]),
-                    cold, **common)
+    d = paired_decision(samples["baseline"], samples["candidate"], alpha, min_effect, seed=seed)
+    return ABResult(d.verdict, d.reason, d.speedup, d.ci_low, d.ci_high, d.p_value, tuple(samples["baseline"]),
+                    tuple(samples["candidate"]), cold, **common)

@@ -1,0 +1,99 @@
+"""The one timed-sample loop every caller uses: `measure`, the interleaved A/B, and any future worker.
+
+A sample is: synchronize, record a start event, read the host clock, make `calls` back-to-back calls,
+record an end event, synchronize, read the host clock. Nothing synchronizes inside the calls, so the
+program under measurement is the one the user wrote. Everything the user's code raises comes back
+as a ScenarioError that names the scenario and what was being done.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .backends import Backend
+from .errors import ScenarioError
+
+Clock = Callable[[], int]  # nanoseconds, monotonic
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed sample, per call: host end-to-end time, and GPU time where the backend has events."""
+
+    host_ms: float
+    gpu_ms: float | None = None
+
+    @property
+    def primary_ms(self) -> float:
+        """The figure decisions use: GPU time when there is one, else host time."""
+        return self.gpu_ms if self.gpu_ms is not None else self.host_ms
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Garbage collection off for the timed samples: a collection landing in one sample adds
+    milliseconds to it alone. Collected once before, restored after."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def set_threads(threads: int | None) -> int | None:
+    """Fix torch's CPU thread count when asked; return the count in force either way."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return threads
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+class Sampler:
+    """Takes samples of callables on one backend with one clock, for one named scenario."""
+
+    def __init__(self, scenario: str, backend: Backend, clock: Clock | None = None):
+        self.scenario = scenario
+        self.backend = backend
+        self.clock = clock or time.perf_counter_ns
+
+    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run user code untimed; a failure names the scenario and `what` (cause chained)."""
+        try:
+            return fn()
+        except ScenarioError:
+            raise
+        except Exception as exc:
+            raise ScenarioError(self.scenario, f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+    def sample(self, fn: Callable[[], Any], calls: int = 1, what: str = "a sample") -> Sample:
+        """Time `calls` back-to-back calls of `fn`; the figures are per call."""
+        return self.call(what, lambda: self._timed(fn, calls))
+
+    def elapsed_ms(self, fn: Callable[[], Any], what: str) -> float:
+        """Host time of one untimed-window step such as `load`, after its device work has finished."""
+        t0 = self.clock()
+        self.call(what, fn)
+        self.backend.synchronize()
+        return (self.clock() - t0) / 1e6
+
+    def _timed(self, fn: Callable[[], Any], calls: int) -> Sample:
+        backend, clock = self.backend, self.clock
+        backend.synchronize()  # earlier work must not leak into this window
+        start_ev = backend.event()
+        t0 = clock()
+        for _ in range(calls):
+            fn()
+        end_ev = backend.event()
+        backend.synchronize()
+        t1 = clock()
+        gpu = backend.elapsed_ms(start_ev, end_ev) / calls if start_ev is not None else None
+        return Sample((t1 - t0) / 1e6 / calls, gpu)
