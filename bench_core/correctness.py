@@ -1,6 +1,6 @@
 """Correctness before speed: run baseline and candidate from the same saved state and compare everything.
 
-Recorded per run: every step's outputs (a tensor, or a mapping of named tensors; a "loss" entry is
+Observed per run: every step's outputs (a tensor, or a mapping of named tensors; a "loss" entry is
 just another name), and after the last step the parameters, their gradients and the optimizer state.
 """
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from . import storage
 from .errors import StorageError
-from .state import StartingState, _clone
+from .state import StartingState, clone_tensors
 
 # torch.testing.assert_close's defaults, per dtype: (rtol, atol)
 DEFAULT_TOLERANCES = {
@@ -148,31 +149,31 @@ def _named(out: Any, prefix: str) -> dict[str, torch.Tensor]:
 
 def run_variant(variant: Variant, state: StartingState, model: torch.nn.Module,
                 optimizer: torch.optim.Optimizer | None, steps: int, device=None) -> tuple[dict, list[str]]:
-    """Restore the state, run `steps` steps, record everything. Returns (records, mutations)."""
+    """Restore the state, run `steps` steps, observe every tensor. Returns (observed, mutations)."""
     opt = variant.optimizer(model.parameters()) if variant.optimizer is not None else optimizer
     batches = state.restore(model, opt, device=device)
-    handed = _clone(batches)
-    records: dict[str, tuple[int | None, torch.Tensor]] = {}
+    handed = clone_tensors(batches)
+    observed: dict[str, tuple[int | None, torch.Tensor]] = {}
     for i in range(steps):
         out = variant.step(model, opt, batches[i % len(batches)])
         for name, t in _named(out, f"step[{i}].output").items():
-            records[name] = (i, t)
+            observed[name] = (i, t)
     for name, p in model.named_parameters():
-        records[f"final.param.{name}"] = (None, p.detach().clone())
+        observed[f"final.param.{name}"] = (None, p.detach().clone())
         if p.grad is not None:
-            records[f"final.grad.{name}"] = (None, p.grad.detach().clone())
+            observed[f"final.grad.{name}"] = (None, p.grad.detach().clone())
     for name, b in model.named_buffers():
-        records[f"final.buffer.{name}"] = (None, b.detach().clone())
+        observed[f"final.buffer.{name}"] = (None, b.detach().clone())
     if opt is not None:
         for idx, st in opt.state_dict()["state"].items():
             for key, v in st.items():
                 if isinstance(v, torch.Tensor):
-                    records[f"final.optimizer.state[{idx}].{key}"] = (None, v.detach().clone())
+                    observed[f"final.optimizer.state[{idx}].{key}"] = (None, v.detach().clone())
     mutations = []
     for j, (now, before) in enumerate(zip(_flat(batches), _flat(handed))):
         if now.shape != before.shape or not torch.equal(now, before):
             mutations.append(f"input batch tensor {j} was modified in place by {variant.label}")
-    return records, mutations
+    return observed, mutations
 
 
 class BoundStep:
@@ -215,7 +216,7 @@ def _flat(obj: Any) -> list[torch.Tensor]:
     return []
 
 
-def compare_records(base: Mapping[str, tuple], cand: Mapping[str, tuple],
+def compare_observed(base: Mapping[str, tuple], cand: Mapping[str, tuple],
                     tolerance: Tolerance | None) -> tuple[int, list[TensorDiff]]:
     diffs = []
     for name in sorted(set(base) | set(cand)):
@@ -257,7 +258,7 @@ def validate(baseline: Variant | Callable, candidate: Variant | Callable, state:
     baseline, candidate = as_variant(baseline), as_variant(candidate)
     base, base_mut = run_variant(baseline, state, model, optimizer, steps, device)
     cand, cand_mut = run_variant(candidate, state, model, optimizer, steps, device)
-    compared, diffs = compare_records(base, cand, tolerance)
+    compared, diffs = compare_observed(base, cand, tolerance)
     mutations = base_mut + cand_mut
     if not state.intact():  # the restore hands out copies, so this would be a bug of ours
         mutations.append("the saved starting state changed during validation")
@@ -266,41 +267,33 @@ def validate(baseline: Variant | Callable, candidate: Variant | Callable, state:
                             tuple(mutations), notes)
 
 
-# -- across commits: a reference file holding the state and the baseline's records --------------------
-REFERENCE_FORMAT = "bench_core.reference"
-
-
+# -- across commits: a reference file holding the state and the baseline's observed tensors -----------
 def save_reference(path: str | Path, baseline: Variant | Callable, state: StartingState, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None = None, *, steps: int = 3) -> Path:
     """Record what the baseline produces from `state`, to check later code against (never overwrites)."""
-    from .storage import write_torch
-
     baseline = as_variant(baseline)
-    records, mutations = run_variant(baseline, state, model, optimizer, steps)
+    observed, mutations = run_variant(baseline, state, model, optimizer, steps)
     if mutations:
         raise ValueError(f"the baseline mutates its inputs, so its reference would not be reproducible: {mutations}")
-    doc = {"format": REFERENCE_FORMAT, "schema_version": 1, "baseline": baseline.label, "steps": steps,
-           "state_hash": state.hash, "records": {k: [-1 if s is None else s, t] for k, (s, t) in records.items()}}
     if Path(path).exists():  # checked first, so a refused save leaves no stray state file
         raise StorageError(path, "reference exists and is never overwritten", hint="remove it to record a new one")
     state.save(Path(path).with_suffix(".state.pt"), overwrite=True)
-    return write_torch(Path(path), doc, overwrite=False)
+    return storage.write_reference(Path(path), baseline.label, steps, state.hash,
+                                   {k: [-1 if s is None else s, t] for k, (s, t) in observed.items()})
 
 
 def check_reference(path: str | Path, candidate: Variant | Callable, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, *,
                     tolerance: Tolerance | None = None) -> ValidationReport:
-    """Run the candidate from the reference's saved state and compare it with the saved records."""
-    from .storage import read_torch
-
+    """Run the candidate from the reference's saved state and compare it with the saved tensors."""
     path = Path(path)
-    doc = read_torch(path, "reference", REFERENCE_FORMAT, 1)
+    doc = storage.read_reference(path)
     state = StartingState.load(path.with_suffix(".state.pt"))
     if doc["state_hash"] != state.hash:
         raise StorageError(path, "the reference was recorded from another starting state", field="state_hash")
     base = {k: (None if s == -1 else s, t) for k, (s, t) in doc["records"].items()}
     candidate = as_variant(candidate)
     cand, mutations = run_variant(candidate, state, model, optimizer, doc["steps"])
-    compared, diffs = compare_records(base, cand, tolerance)
+    compared, diffs = compare_observed(base, cand, tolerance)
     return ValidationReport(f"reference {path.name} ({doc['baseline']})", candidate.label, doc["steps"], state.hash,
                             compared, tuple(diffs), tuple(mutations))

@@ -5,12 +5,11 @@ redacted (or refused) before it is written, under a new name, and analysed into 
 """
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import storage
 from .errors import BenchError
 from .redact import describe, redact
 from .trace_analysis import STAGE_PREFIX, Hypothesis, TraceFacts, analyze
@@ -77,27 +76,15 @@ def check_cuda_profiling(supported: Callable[[], Any] | None = None) -> None:
                          "refusing to present a CPU-only trace as a GPU analysis")
 
 
-def _free_name(folder: Path, scenario: str, suffix: str) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", scenario)[:80] or "scenario"
-    for i in range(10000):
-        p = folder / (f"{safe}{suffix}" if i == 0 else f"{safe}-{i}{suffix}")
-        if not p.exists():
-            return p
-    raise BenchError(f"no free trace file name for {scenario!r} in {folder}")
-
-
 def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Callable[[], Any] | None = None) -> ProfileResult:
     import torch
     from torch.profiler import ProfilerActivity, profile as tprofile, schedule
-
-    from .storage import atomic_write, take_json
 
     acts = [ProfilerActivity.CPU]
     if cfg.device == "cuda":
         check_cuda_profiling()
         acts.append(ProfilerActivity.CUDA)
     steps = cfg.wait + cfg.warmup + cfg.active
-    cfg.folder.mkdir(parents=True, exist_ok=True)
     _ACTIVE["on"] = True
     try:
         with tprofile(activities=acts, schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active),
@@ -116,9 +103,7 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
     table = prof.key_averages().table(sort_by=sort, row_limit=15)
     if cfg.profile_memory:
         table += "\n" + prof.key_averages().table(sort_by="self_cpu_memory_usage", row_limit=10)
-    tmp = _free_name(cfg.folder, f".{scenario}", ".raw.json")
-    prof.export_chrome_trace(str(tmp))
-    doc = take_json(tmp)
+    doc = storage.profiler_json(prof.export_chrome_trace)
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
     facts, rows = analyze(events)
     clean, found = redact(doc)
@@ -127,9 +112,5 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
     if found and cfg.refuse_sensitive:
         return ProfileResult(scenario, None, describe(found) + " (refused: no trace written)", table, facts, shown,
                              refused=True)
-    path = _free_name(cfg.folder, scenario, ".trace.json")
-    atomic_write(path, json.dumps(clean).encode(), overwrite=False)
-    if cfg.tensorboard:
-        tb = cfg.folder / "tensorboard" / "plugins" / "profile" / path.stem
-        atomic_write(tb / "host.pt.trace.json", json.dumps(clean).encode(), overwrite=False)
+    path = storage.write_trace(cfg.folder, scenario, clean, tensorboard=cfg.tensorboard)
     return ProfileResult(scenario, path, describe(found), table, facts, shown)

@@ -34,6 +34,8 @@ OPT_PROFILE_TB = "--bench-profile-tensorboard"
 OPT_PROFILE_REFUSE = "--bench-profile-refuse-sensitive"
 
 _KEY = pytest.StashKey["object"]()
+_STORED = pytest.StashKey["object"]()   # finish()'s lines, or the exception that stopped it
+GPU_MARKER = "gpu"
 
 
 def pytest_addoption(parser):
@@ -68,7 +70,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu_only: the scenario only makes sense on a GPU; skipped without --gpu")
+    config.addinivalue_line("markers", f"{GPU_MARKER}: needs a CUDA device; skipped without {OPT_GPU}")
     if not _active(config):
         return
     from bench_core.compare import GateConfig
@@ -107,6 +109,7 @@ def pytest_configure(config):
             baselines_dir=root / config.getoption(OPT_BASELINES), save=config.getoption(OPT_SAVE),
             append=config.getoption(OPT_APPEND), compare=config.getoption(OPT_COMPARE),
             pb_json=config.getoption(OPT_PB_JSON), gate=gate, profile=prof,
+            references_dir=root / config.getoption(OPT_REFS), save_references=config.getoption(OPT_REF_SAVE),
         )
         config.stash[_KEY] = BenchSession(scfg, fingerprint(device, root=str(root)))
     except (BenchError, ValueError) as exc:
@@ -125,9 +128,9 @@ def _session(config):
 def pytest_collection_modifyitems(config, items):
     if config.getoption(OPT_GPU):
         return
-    skip = pytest.mark.skip(reason="GPU-only scenario: run with --gpu")
+    skip = pytest.mark.skip(reason=f"needs a CUDA device: run with {OPT_GPU}")
     for item in items:
-        if "gpu_only" in item.keywords:
+        if GPU_MARKER in item.keywords:
             item.add_marker(skip)
 
 
@@ -153,8 +156,6 @@ class BenchFixture:
     def run(self, scenario, fn, **kwargs):
         from bench_core.errors import ScenarioError
 
-        if scenario.gpu_only and not self.on_gpu:
-            pytest.skip(f"scenario {scenario.name!r} only makes sense on a GPU: run with --gpu")
         try:
             m, c = self._session.run(scenario, fn, **kwargs)
         except ScenarioError as exc:
@@ -188,16 +189,16 @@ class BenchFixture:
     def reference(self, name, variant, state, model, optimizer=None, *, steps=3, tolerance=None):
         """Across commits: with --bench-ref-save, record `variant`'s outputs from `state` as reference
         NAME; otherwise check `variant` against the saved reference (skip when there is none yet)."""
-        from bench_core.correctness import check_reference, save_reference
+        from bench_core.errors import StorageError
 
-        cfg = self._node.config
-        path = Path(str(cfg.rootpath)) / cfg.getoption(OPT_REFS) / f"{name}.pt"
-        if cfg.getoption(OPT_REF_SAVE):
-            save_reference(path, variant, state, model, optimizer, steps=steps)
+        try:
+            rep = self._session.reference(name, variant, state, model, optimizer, steps=steps, tolerance=tolerance)
+        except StorageError as exc:
+            if exc.problem.startswith("no reference"):
+                pytest.skip(f"{exc}: record one with {OPT_REF_SAVE}")
+            raise
+        if rep is None:
             return None
-        if not path.exists():
-            pytest.skip(f"no reference {name!r} at {path}: record one with {OPT_REF_SAVE}")
-        rep = check_reference(path, variant, model, optimizer, tolerance=tolerance)
         self._node.user_properties.append(("bench_reference_ok", rep.ok))
         if not rep.ok:
             pytest.fail(f"reference {name!r}: the current code no longer matches\n{rep.table()}", pytrace=False)
@@ -228,36 +229,17 @@ def bench(request):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     session = _session(config)
-    if session is None or (not session.results and not session.errors and not session.decisions):
+    if session is None:
         return
-    from bench_core.report import comparison_table, session_table
-
-    tr = terminalreporter
-    tr.section("bench_core results")
-    tr.write_line(session_table(session.results, session.errors))
-    if session.decisions:
-        from bench_core.report import decisions_table
-
-        tr.section("bench_core A/B decisions (interleaved, paired)")
-        tr.write_line(decisions_table(session.decisions))
-    for p in session.profiles:
-        from bench_core.trace_analysis import hypotheses_table
-
-        tr.section(f"bench_core diagnose: {p.scenario} (profiled separately; not in any result)")
-        tr.write_line(p.table)
-        tr.write_line(hypotheses_table(p.hypotheses, p.facts))
-        where = f"trace: {p.trace_path}" if p.trace_path else "trace: not written"
-        tr.write_line(f"{where} ({p.redaction})")
-    if session.baseline is not None:
-        tr.section(f"bench_core comparison with baseline {session.config.compare!r}")
-        tr.write_line(comparison_table(session.comparisons, session.config.gate.alpha))
-        missing = session.missing_from_run()
-        if missing:
-            tr.write_line(f"in the baseline but not run now: {', '.join(missing)}")
-    for line in getattr(config, "_bench_stored", []):
-        tr.write_line(line)
-    if getattr(config, "_bench_store_failed", None):
-        tr.write_line(f"bench_core: could not store results: {config._bench_store_failed}", red=True)
+    for title, text in session.summary_sections():
+        terminalreporter.section(title)
+        terminalreporter.write_line(text)
+    stored = config.stash.get(_STORED, [])
+    if isinstance(stored, Exception):
+        terminalreporter.write_line(f"bench_core: could not store results: {stored}", red=True)
+    else:
+        for line in stored:
+            terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -266,8 +248,8 @@ def pytest_sessionfinish(session, exitstatus):
     if bench is None:
         return
     try:
-        session.config._bench_stored = bench.finish()
+        session.config.stash[_STORED] = bench.finish()
     except Exception as exc:  # losing results silently is worse than a red run
-        session.config._bench_store_failed = exc
+        session.config.stash[_STORED] = exc
         if exitstatus == 0:
             session.exitstatus = 1

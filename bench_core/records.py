@@ -1,4 +1,6 @@
-"""Immutable result records. They check their values when built, so nothing downstream has to."""
+"""Immutable result records. They check their values when built, so nothing downstream has to.
+
+Their files are written and read by `storage`, the one owner of every on-disk format."""
 from __future__ import annotations
 
 import math
@@ -7,8 +9,8 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from .errors import InvalidRecord
-from .scenario import Scenario, thaw
-from .stats import Summary, bootstrap_median_ci, summarize
+from .scenario import Scenario
+from .stats import Summary, summarize
 
 MODES = ("per_call", "block")
 DEVICES = ("cpu", "cuda")
@@ -60,9 +62,6 @@ class ColdStart:
     first_call_ms: float                 # host, end-to-end, of the first call after setup
     first_call_gpu_ms: float | None = None
     load_ms: float | None = None         # a separate `load` step (model construction, state load, move)
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -164,45 +163,3 @@ class Measurement:
         host = self.host_ms + tuple(v for o in others for v in o.host_ms)
         gpu = None if self.gpu_ms is None else self.gpu_ms + tuple(v for o in others for v in o.gpu_ms)
         return replace(self, host_ms=host, gpu_ms=gpu, repeats=len(host))
-
-    # -- serialization ---------------------------------------------------------------------------
-    def to_dict(self, with_environment: bool = False) -> dict:
-        d = {
-            "scenario": self.scenario.to_dict(),
-            "device": self.device,
-            "mode": self.mode,
-            "block_size": self.block_size,
-            "warmup": self.warmup,
-            "repeats": self.repeats,
-            "timer": self.timer,
-            "host_ms": list(self.host_ms),
-            "gpu_ms": list(self.gpu_ms) if self.gpu_ms is not None else None,
-            "cold_start": self.cold_start.to_dict(),
-            "items": self.items,
-            "threads": self.threads,
-            "memory": self.memory.to_dict(),
-            "summary": {**self.summary.to_dict(),  # derived; kept for readers, recomputed on load
-                        "median_ci95": list(bootstrap_median_ci(self.primary_ms))},
-            "throughput_per_s": self.throughput,
-        }
-        if with_environment:
-            d["environment"] = thaw(self.environment)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], environment: Mapping[str, Any] | None = None) -> "Measurement":
-        return cls(
-            scenario=Scenario.from_dict(d["scenario"]),
-            device=d["device"],
-            mode=d["mode"],
-            block_size=d["block_size"],
-            warmup=d["warmup"],
-            repeats=d["repeats"],
-            host_ms=tuple(d["host_ms"]),
-            gpu_ms=tuple(d["gpu_ms"]) if d.get("gpu_ms") is not None else None,
-            cold_start=ColdStart(**d["cold_start"]),
-            items=d.get("items"),
-            threads=d.get("threads"),
-            memory=Memory(**(d.get("memory") or {})),
-            environment=environment if environment is not None else d.get("environment") or {},
-        )

@@ -21,9 +21,6 @@ STAGES = (
     "model_load",      # construction + state load + move to device; never inside a request
 )
 
-# Metadata keys that decide whether two results measure the same thing.
-METADATA_KEYS = ("shapes", "batch_size", "dtype", "mode", "compiled", "data_source", "device")
-
 
 def _freeze(value: Any) -> Any:
     if isinstance(value, Mapping):
@@ -56,7 +53,6 @@ class Scenario:
     window: tuple[str, ...]
     metadata: Mapping[str, Any] = field(default_factory=dict)
     noise_threshold: float | None = None
-    gpu_only: bool = False
     description: str = ""
 
     def __post_init__(self):
@@ -88,25 +84,4 @@ class Scenario:
     def with_metadata(self, **extra: Any) -> "Scenario":
         merged = thaw(self.metadata)
         merged.update(extra)
-        return Scenario(self.name, self.window, merged, self.noise_threshold, self.gpu_only, self.description)
-
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "window": list(self.window),
-            "metadata": thaw(self.metadata),
-            "noise_threshold": self.noise_threshold,
-            "gpu_only": self.gpu_only,
-            "description": self.description,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Scenario":
-        return cls(
-            name=d["name"],
-            window=tuple(d["window"]),
-            metadata=d.get("metadata") or {},
-            noise_threshold=d.get("noise_threshold"),
-            gpu_only=bool(d.get("gpu_only", False)),
-            description=d.get("description", ""),
-        )
+        return Scenario(self.name, self.window, merged, self.noise_threshold, self.description)

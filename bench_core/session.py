@@ -36,6 +36,8 @@ class SessionConfig:
     pb_json: Path | None = None
     gate: GateConfig = field(default_factory=GateConfig)
     profile: Any = None                # a diagnose.ProfileConfig: one profiler pass after each measurement
+    references_dir: Path = Path("references")
+    save_references: bool = False      # record references instead of checking against them
 
 
 class BenchSession:
@@ -146,6 +148,42 @@ class BenchSession:
         self.decisions.append((name, res))
         return res
 
+    def reference(self, name: str, variant, state, model, optimizer=None, *, steps: int = 3, tolerance=None):
+        """Record reference NAME (when saving references; returns None) or check `variant` against it
+        (returns the report). A missing reference is a StorageError whose problem starts "no reference"."""
+        from .correctness import check_reference, save_reference
+
+        path = self.config.references_dir / f"{name}.pt"
+        if self.config.save_references:
+            save_reference(path, variant, state, model, optimizer, steps=steps)
+            return None
+        if not path.exists():
+            raise StorageError(path, f"no reference {name!r} recorded yet")
+        return check_reference(path, variant, model, optimizer, tolerance=tolerance)
+
+    # -- reporting -------------------------------------------------------------------------------
+    def summary_sections(self) -> list[tuple[str, str]]:
+        """The end-of-session report as (title, text) sections, in reading order."""
+        from .report import comparison_table, decisions_table, session_table
+        from .trace_analysis import hypotheses_table
+
+        if not self.results and not self.errors and not self.decisions:
+            return []
+        out = [("bench_core results", session_table(self.results, self.errors))]
+        if self.decisions:
+            out.append(("bench_core A/B decisions (interleaved, paired)", decisions_table(self.decisions)))
+        for p in self.profiles:
+            where = f"trace: {p.trace_path}" if p.trace_path else "trace: not written"
+            out.append((f"bench_core diagnose: {p.scenario} (profiled separately; not in any result)",
+                        f"{p.table}\n{hypotheses_table(p.hypotheses, p.facts)}\n{where} ({p.redaction})"))
+        if self.baseline is not None:
+            text = comparison_table(self.comparisons, self.config.gate.alpha)
+            missing = self.missing_from_run()
+            if missing:
+                text += f"\nin the baseline but not run now: {', '.join(missing)}"
+            out.append((f"bench_core comparison with baseline {self.config.compare!r}", text))
+        return out
+
     # -- storing ---------------------------------------------------------------------------------
     def finish(self) -> list[str]:
         """Write what the session produced; returns lines to show the user."""
@@ -162,11 +200,9 @@ class BenchSession:
                 lines.append(f"decision record for {name!r} written to {p}")
         if self.config.pb_json is not None:
             from .timers import to_pytest_benchmark
-            import json
 
-            doc = to_pytest_benchmark(self.results, self.environment, storage.now_iso())
-            storage.atomic_write(Path(self.config.pb_json), (json.dumps(doc, indent=1) + "\n").encode(),
-                                 overwrite=False)
+            storage.write_pytest_benchmark(self.config.pb_json,
+                                           to_pytest_benchmark(self.results, self.environment, storage.now_iso()))
             lines.append(f"pytest-benchmark JSON written to {self.config.pb_json}")
         if self.config.save and self.results:
             path, n = storage.save_baseline(self.config.baselines_dir, self.config.save, self.results,

@@ -15,22 +15,20 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from . import storage
 from .errors import StorageError
 
-STATE_FORMAT = "bench_core.state"
-STATE_SCHEMA_VERSION = 1  # 1 (0.1.0): first version; payload + meta + sha256 of the payload's content
 
-
-def _clone(obj: Any) -> Any:
+def clone_tensors(obj: Any) -> Any:
     """Deep copy with tensors detached and cloned (deepcopy refuses non-leaf tensors)."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
     if isinstance(obj, Mapping):
-        return {k: _clone(v) for k, v in obj.items()}
+        return {k: clone_tensors(v) for k, v in obj.items()}
     if isinstance(obj, tuple):
-        return tuple(_clone(v) for v in obj)
+        return tuple(clone_tensors(v) for v in obj)
     if isinstance(obj, list):
-        return [_clone(v) for v in obj]
+        return [clone_tensors(v) for v in obj]
     return copy.deepcopy(obj)
 
 
@@ -156,18 +154,18 @@ class StartingState:
         if not batches:
             raise ValueError("a starting state needs at least one input batch")
         return cls({
-            "model": _clone(model.state_dict()),
-            "optimizer": _clone(optimizer.state_dict()) if optimizer is not None else None,
-            "rng": _clone(_capture_rng()),
+            "model": clone_tensors(model.state_dict()),
+            "optimizer": clone_tensors(optimizer.state_dict()) if optimizer is not None else None,
+            "rng": clone_tensors(_capture_rng()),
             "flags": _capture_flags(),
-            "batches": _clone(batches),
+            "batches": clone_tensors(batches),
         })
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                 device: str | torch.device | None = None) -> list[Any]:
         """Put model, optimizer, RNG and flags back; return fresh copies of the batches (on `device`)."""
         p = self._payload
-        model.load_state_dict(_clone(p["model"]))
+        model.load_state_dict(clone_tensors(p["model"]))
         if device is not None:
             model.to(device)
         if optimizer is not None:
@@ -175,10 +173,10 @@ class StartingState:
                 raise ValueError("this starting state holds no optimizer state")
             # Handed over on the CPU: load_state_dict moves each state tensor to its parameter's device
             # and keeps `step` where the optimizer wants it (on the CPU unless capturable or fused).
-            optimizer.load_state_dict(_to(_clone(p["optimizer"]), "cpu"))
+            optimizer.load_state_dict(_to(clone_tensors(p["optimizer"]), "cpu"))
         _restore_rng(p["rng"])
         _restore_flags(p["flags"])
-        return _to(_clone(p["batches"]), device)
+        return _to(clone_tensors(p["batches"]), device)
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -188,7 +186,7 @@ class StartingState:
     @property
     def batches(self) -> list[Any]:
         """Copies: the saved batches themselves are never handed out."""
-        return _clone(self._payload["batches"])
+        return clone_tensors(self._payload["batches"])
 
     def intact(self) -> bool:
         """True when nothing has changed the saved tensors since capture."""
@@ -207,19 +205,13 @@ class StartingState:
 
     # -- files -----------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        from .storage import write_torch
-
-        return write_torch(Path(path), {"format": STATE_FORMAT, "schema_version": STATE_SCHEMA_VERSION,
-                                        "meta": self.metadata(), "hash": self._hash, "payload": self._payload},
-                           overwrite=overwrite)
+        return storage.write_state(Path(path), self._payload, self.metadata(), self._hash, overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike, map_location: str | torch.device | None = None) -> "StartingState":
         """Read a saved state; a damaged or foreign file is refused. `map_location` moves it to a device."""
-        from .storage import read_torch
-
         path = Path(path)
-        doc = read_torch(path, "starting state", STATE_FORMAT, STATE_SCHEMA_VERSION)
+        doc = storage.read_state(path)
         checked = content_hash(doc["payload"])  # verified on the CPU, before any move
         if checked != doc.get("hash"):
             raise StorageError(path, "content hash does not match: the file was changed or damaged", field="hash")

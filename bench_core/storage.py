@@ -1,17 +1,27 @@
-"""The only module that touches the disk: session results, baselines, atomic writes, validation on load.
+"""The one owner of every on-disk format, and the only module that touches the disk.
 
-Schema history (both file kinds share the version number):
+Every format has its name, its schema version with the history below, its writer and its reader
+(which validates the whole file before anything uses it). Every write is atomic; a new file never
+replaces an existing one (`write_new`), and a baseline grows only by appending a run.
+
+JSON files (session results, baselines and A/B decision records share the version number):
   1 (bench_core 0.1.0): first version. A session file holds `environment` once and `results`, a list
     of measurements with raw samples (`host_ms`, `gpu_ms`), the scenario record and the cold start;
     `errors` lists scenarios that failed; `comparisons` (when gated) the gate's decisions. A baseline
     holds `runs`, each one session's environment and results; a baseline grows by appending runs,
     never by rewriting old ones. A/B decision records (`bench_core.decision`) carry the same version.
+  2 (bench_core 0.2.0): a result's `summary` no longer carries `median_ci95` (a bootstrap run on every
+    write); derived figures are computed from the raw samples when read or shown. Comparisons carry
+    `confidence` (the level of their interval) and `adjustment`. Version 1 files are read as before.
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
     sha256 of the payload's content.
   correctness reference (`bench_core.reference`) 1 (0.1.0): the baseline's per-step and final tensors,
     the number of steps and the hash of the starting state saved beside it (NAME.state.pt).
+
+Other files, written in their owners' formats: Chrome traces of the diagnose pass (a new name per
+trace) and pytest-benchmark's JSON export.
 """
 from __future__ import annotations
 
@@ -24,11 +34,15 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import InvalidRecord, StorageError
-from .records import Measurement
+from .records import ColdStart, Measurement, Memory
+from .scenario import Scenario, thaw
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SESSION_FORMAT = "bench_core.session"
 BASELINE_FORMAT = "bench_core.baseline"
+DECISION_FORMAT = "bench_core.decision"
+STATE_FORMAT, STATE_SCHEMA_VERSION = "bench_core.state", 1
+REFERENCE_FORMAT, REFERENCE_SCHEMA_VERSION = "bench_core.reference", 1
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _CONFLICT_RE = re.compile(r"^(<<<<<<<|=======$|>>>>>>>)", re.MULTILINE)
 
@@ -71,12 +85,74 @@ def atomic_write(path: Path, data: bytes, overwrite: bool) -> Path:
     return path
 
 
-def run_record(results: Sequence[Measurement], environment: Mapping[str, Any],
-               errors: Iterable[Mapping[str, str]] = (), created: str | None = None) -> dict:
+def write_new(path: Path, data: bytes) -> Path:
+    """Write a new file atomically; an existing file of that name is never replaced (StorageError)."""
+    return atomic_write(path, data, overwrite=False)
+
+
+def write_new_json(path: Path, doc: Any) -> Path:
+    """`write_new` for a JSON document (NaN refused: a file that claims to hold timings never holds one)."""
+    return write_new(path, _dump(doc))
+
+
+# -- records as JSON -------------------------------------------------------------------------------------
+def scenario_doc(s: Scenario) -> dict:
+    return {"name": s.name, "window": list(s.window), "metadata": thaw(s.metadata),
+            "noise_threshold": s.noise_threshold, "description": s.description}
+
+
+def scenario_from_doc(d: Mapping[str, Any]) -> Scenario:
+    return Scenario(name=d["name"], window=tuple(d["window"]), metadata=d.get("metadata") or {},
+                    noise_threshold=d.get("noise_threshold"), description=d.get("description", ""))
+
+
+def measurement_doc(m: Measurement, with_environment: bool = False) -> dict:
+    d = {
+        "scenario": scenario_doc(m.scenario),
+        "device": m.device,
+        "mode": m.mode,
+        "block_size": m.block_size,
+        "warmup": m.warmup,
+        "repeats": m.repeats,
+        "timer": m.timer,
+        "host_ms": list(m.host_ms),
+        "gpu_ms": list(m.gpu_ms) if m.gpu_ms is not None else None,
+        "cold_start": dict(m.cold_start.__dict__),
+        "items": m.items,
+        "threads": m.threads,
+        "memory": m.memory.to_dict(),
+        "summary": m.summary.to_dict(),  # derived, for readers of the file; recomputed on load
+        "throughput_per_s": m.throughput,
+    }
+    if with_environment:
+        d["environment"] = thaw(m.environment)
+    return d
+
+
+def measurement_from_doc(d: Mapping[str, Any], environment: Mapping[str, Any] | None = None) -> Measurement:
+    return Measurement(
+        scenario=scenario_from_doc(d["scenario"]),
+        device=d["device"],
+        mode=d["mode"],
+        block_size=d["block_size"],
+        warmup=d["warmup"],
+        repeats=d["repeats"],
+        host_ms=tuple(d["host_ms"]),
+        gpu_ms=tuple(d["gpu_ms"]) if d.get("gpu_ms") is not None else None,
+        cold_start=ColdStart(**d["cold_start"]),
+        items=d.get("items"),
+        threads=d.get("threads"),
+        memory=Memory(**(d.get("memory") or {})),
+        environment=environment if environment is not None else d.get("environment") or {},
+    )
+
+
+def run_doc(results: Sequence[Measurement], environment: Mapping[str, Any],
+            errors: Iterable[Mapping[str, str]] = (), created: str | None = None) -> dict:
     return {
         "created": created or now_iso(),
         "environment": dict(environment),
-        "results": [m.to_dict() for m in results],
+        "results": [measurement_doc(m) for m in results],
         "errors": [dict(e) for e in errors],
     }
 
@@ -85,22 +161,35 @@ def write_session(folder: Path, results: Sequence[Measurement], environment: Map
                   errors: Iterable[Mapping[str, str]] = (), comparisons: Sequence[Mapping[str, Any]] = ()) -> Path:
     """Write one session's results under a new, unused name in `folder`; returns the path."""
     doc = {"format": SESSION_FORMAT, "schema_version": SCHEMA_VERSION,
-           **run_record(results, environment, errors)}
+           **run_doc(results, environment, errors)}
     if comparisons:  # the gate's decisions, for CI artifacts; never read back as results
         doc["comparisons"] = [dict(c) for c in comparisons]
-    return _write_new(folder, "session", _dump(doc))
+    return write_stamped_json(folder, "session", doc)
 
 
-def _write_new(folder: Path, stem: str, data: bytes) -> Path:
-    """Write under `<stem>-<utc time>[-i].json`, the first name not yet taken; never overwrites."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+def _write_new(folder: Path, stem: str, data: bytes, suffix: str = ".json", stamped: bool = True) -> Path:
+    """Write under `<stem>[-<utc time>][-i]<suffix>`, the first name not yet taken; never overwrites."""
+    if stamped:
+        stem = f"{stem}-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
     for i in range(1000):
-        path = Path(folder) / (f"{stem}-{stamp}.json" if i == 0 else f"{stem}-{stamp}-{i}.json")
+        path = Path(folder) / (f"{stem}{suffix}" if i == 0 else f"{stem}-{i}{suffix}")
         try:
-            return atomic_write(path, data, overwrite=False)
+            return write_new(path, data)
         except StorageError:
-            continue
+            if not path.exists():  # not a name clash: something else is wrong, say it
+                raise
     raise StorageError(folder, f"could not find a free file name for {stem}")
+
+
+def write_stamped_json(folder: Path, stem: str, doc: Any) -> Path:
+    """A JSON document under `folder/<stem>-<utc time>.json`, a new name every time (quality scripts'
+    reports, session files)."""
+    return _write_new(folder, stem, _dump(doc))
+
+
+def safe_stem(name: str, default: str) -> str:
+    """A file name part from a scenario or decision name: no separators, no surprises."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80] or default
 
 
 def baseline_path(folder: Path, name: str) -> Path:
@@ -117,7 +206,7 @@ def save_baseline(folder: Path, name: str, results: Sequence[Measurement], envir
     Returns the path and the number of runs the baseline now holds.
     """
     path = baseline_path(folder, name)
-    run = run_record(results, environment)
+    run = run_doc(results, environment)
     if path.exists():
         if not append:
             raise StorageError(path, f"baseline {name!r} already exists and is never silently overwritten",
@@ -167,7 +256,7 @@ def _check_header(doc: Any, path: Path, fmt: str) -> None:
     if not isinstance(doc, dict):
         raise StorageError(path, "top level is not a JSON object")
     version = _need(doc, "schema_version", int, path, "")
-    if version > SCHEMA_VERSION:
+    if isinstance(version, bool) or version > SCHEMA_VERSION:
         raise StorageError(path, f"schema version {version} is newer than this bench_core reads ({SCHEMA_VERSION})",
                            field="schema_version", hint="upgrade bench_core")
     if version < 1:
@@ -187,7 +276,7 @@ def _load_results(run: Mapping, path: Path, where: str) -> list[Measurement]:
                          ("mode", str), ("block_size", int), ("warmup", int), ("repeats", int)):
             _need(r, key, typ, path, here)
         try:
-            out.append(Measurement.from_dict(r, environment=env))
+            out.append(measurement_from_doc(r, environment=env))
         except (InvalidRecord, KeyError, TypeError) as exc:
             raise StorageError(path, f"invalid measurement: {exc}", field=here.rstrip("."),
                                hint="fix or remove this result") from None
@@ -243,15 +332,39 @@ def by_scenario(runs: Sequence[Sequence[Measurement]]) -> dict[str, list[Measure
 
 def write_decision(folder: Path, record: Mapping[str, Any], name: str) -> Path:
     """Write one A/B decision record (JSON) under a new name; never overwrites."""
-    doc = {"format": "bench_core.decision", "schema_version": SCHEMA_VERSION, "created": now_iso(), "name": name,
+    doc = {"format": DECISION_FORMAT, "schema_version": SCHEMA_VERSION, "created": now_iso(), "name": name,
            **record}
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80] or "decision"
-    return _write_new(folder, f"decision-{safe}", _dump(doc))
+    return _write_new(folder, f"decision-{safe_stem(name, 'decision')}", _dump(doc))
+
+
+def write_pytest_benchmark(path: Path, doc: Mapping[str, Any]) -> Path:
+    """pytest-benchmark's JSON layout (built by `timers.to_pytest_benchmark`), never over an existing file."""
+    return write_new(Path(path), (json.dumps(doc, indent=1) + "\n").encode())
+
+
+# -- diagnose: profiler traces ---------------------------------------------------------------------------
+def profiler_json(export) -> Any:
+    """Run `export(path)` (a profiler's Chrome-trace export) into a private temporary folder and return
+    the parsed JSON; the raw, unredacted file never stays on disk."""
+    with tempfile.TemporaryDirectory(prefix="bench_core-trace-") as tmp:
+        path = Path(tmp) / "trace.json"
+        export(str(path))
+        return json.loads(path.read_text())
+
+
+def write_trace(folder: Path, scenario: str, doc: Any, tensorboard: bool = False) -> Path:
+    """A (redacted) Chrome trace under a new name in `folder`; optionally a copy where TensorBoard's
+    profiler plugin looks for it. Returns the trace's path."""
+    data = json.dumps(doc).encode()
+    path = _write_new(Path(folder), safe_stem(scenario, "scenario"), data, suffix=".trace.json", stamped=False)
+    if tensorboard:
+        tb = Path(folder) / "tensorboard" / "plugins" / "profile" / path.name.removesuffix(".trace.json")
+        write_new(tb / "host.pt.trace.json", data)
+    return path
 
 
 # -- torch files: starting states and correctness references --------------------------------------------
-def write_torch(path: Path, doc: Mapping[str, Any], overwrite: bool = False) -> Path:
-    """torch.save through the same atomic, never-overwriting write as every other file."""
+def _write_torch(path: Path, doc: Mapping[str, Any], overwrite: bool) -> Path:
     import io
 
     import torch
@@ -261,7 +374,7 @@ def write_torch(path: Path, doc: Mapping[str, Any], overwrite: bool = False) -> 
     return atomic_write(Path(path), buf.getvalue(), overwrite=overwrite)
 
 
-def read_torch(path: Path, what: str, fmt: str, max_version: int) -> dict:
+def _read_torch(path: Path, what: str, fmt: str, max_version: int) -> dict:
     """torch.load (tensors and plain containers only, on the CPU) with the header checked."""
     import torch
 
@@ -282,10 +395,31 @@ def read_torch(path: Path, what: str, fmt: str, max_version: int) -> dict:
     return doc
 
 
-def take_json(path: Path) -> Any:
-    """Read a JSON file another library wrote for us, then remove it."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    finally:
-        path.unlink(missing_ok=True)
+def write_state(path: Path, payload: Mapping[str, Any], meta: Mapping[str, Any], content_hash: str,
+                overwrite: bool = False) -> Path:
+    return _write_torch(path, {"format": STATE_FORMAT, "schema_version": STATE_SCHEMA_VERSION, "meta": dict(meta),
+                               "hash": content_hash, "payload": payload}, overwrite)
+
+
+def read_state(path: Path) -> dict:
+    """A starting-state document: `payload`, `meta`, `hash` (checking the hash is the state's job)."""
+    doc = _read_torch(path, "starting state", STATE_FORMAT, STATE_SCHEMA_VERSION)
+    for key in ("payload", "hash"):
+        if key not in doc:
+            raise StorageError(path, "missing", field=key, hint="the file is damaged; save the state again")
+    return doc
+
+
+def write_reference(path: Path, baseline: str, steps: int, state_hash: str, observed: Mapping[str, Any]) -> Path:
+    """The baseline's observed tensors from one starting state (saved beside it); never overwrites."""
+    return _write_torch(path, {"format": REFERENCE_FORMAT, "schema_version": REFERENCE_SCHEMA_VERSION,
+                               "baseline": baseline, "steps": steps, "state_hash": state_hash,
+                               "records": dict(observed)}, overwrite=False)
+
+
+def read_reference(path: Path) -> dict:
+    doc = _read_torch(path, "reference", REFERENCE_FORMAT, REFERENCE_SCHEMA_VERSION)
+    for key in ("baseline", "steps", "state_hash", "records"):
+        if key not in doc:
+            raise StorageError(path, "missing", field=key, hint="the file is damaged; record the reference again")
+    return doc

@@ -10,7 +10,8 @@ import time
 from typing import Any, Mapping, Sequence
 
 from .records import Measurement
-from .stats import summarize
+from .storage import scenario_doc
+from .stats import summarize, tukey_fences
 
 
 def cuda_sync_clock() -> float:
@@ -62,16 +63,16 @@ def to_pytest_benchmark(results: Sequence[Measurement], environment: Mapping[str
         secs = [v / 1e3 for v in m.primary_ms]
         s = summarize(secs)
         q1, q3 = s.q1, s.q3
-        lo, hi = q1 - 1.5 * s.iqr, q3 + 1.5 * s.iqr
+        lo, hi = tukey_fences(q1, q3)
         benches.append({
             "group": None,
             "name": m.name,
             "fullname": m.name,
             "params": None,
             "param": None,
-            "extra_info": {"bench_core": {"scenario": m.scenario.to_dict(), "device": m.device, "timer": m.timer,
+            "extra_info": {"bench_core": {"scenario": scenario_doc(m.scenario), "device": m.device, "timer": m.timer,
                                           "mode": m.mode, "block_size": m.block_size,
-                                          "cold_start_ms": m.cold_start.to_dict()}},
+                                          "cold_start_ms": dict(m.cold_start.__dict__)}},
             "options": {"disable_gc": True, "timer": m.timer, "min_rounds": m.repeats, "max_time": None,
                         "min_time": None, "warmup": m.warmup},
             "stats": {

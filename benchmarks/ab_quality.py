@@ -65,9 +65,7 @@ def main(argv=None) -> int:
              f"{min(r['speedup'] for r in aa):.3f} .. {max(r['speedup'] for r in aa):.3f}"]]
     print(f"work ratio {true_speedup:.3f}; one ab() call per trial, default settings, fresh process each")
     print(tabulate(rows, headers=["comparison", "outcome", "speedup estimates (min .. max)"]))
-    path = storage.atomic_write(Path(".bench") / f"ab_quality-{storage.now_iso().replace(':', '')}.json",
-                                (json.dumps({"settings": vars(ns), "results": results}, indent=1) + "\n").encode(),
-                                overwrite=False)
+    path = storage.write_stamped_json(Path(".bench"), "ab_quality", {"settings": vars(ns), "results": results})
     print(f"written to {path}")
     return 0
 

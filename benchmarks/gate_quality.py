@@ -17,7 +17,6 @@ Writes the raw runs and the rates to .bench/gate_quality-<time>.json (never over
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import subprocess
 import sys
@@ -140,8 +139,7 @@ def main(argv=None) -> int:
                                   "A/A verdicts", "A/B verdicts"]))
     doc = {"settings": vars(ns), "gate": config.__dict__, "between_run_sd_log": between, "within_run_cv": within,
            "medians_a": ma, "medians_b": mb, "rates": results, "runs_dir": str(folder)}
-    path = storage.atomic_write(Path(".bench") / f"gate_quality-{storage.now_iso().replace(':', '')}.json",
-                                (json.dumps(doc, indent=1) + "\n").encode(), overwrite=False)
+    path = storage.write_stamped_json(Path(".bench"), "gate_quality", doc)
     print(f"written to {path}")
     return 0
 

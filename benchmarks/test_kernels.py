@@ -66,7 +66,7 @@ def test_allocator_churn(bench, shapes):
 
 
 # -- host-to-device transfer: pageable vs pinned, blocking vs non_blocking, overlap with compute ---------
-@pytest.mark.gpu_only
+@pytest.mark.gpu
 @pytest.mark.parametrize("memory", ["pageable", "pinned"])
 @pytest.mark.parametrize("blocking", ["blocking", "non_blocking"])
 def test_h2d_transfer(bench, memory, blocking):
@@ -86,7 +86,7 @@ def test_h2d_transfer(bench, memory, blocking):
     assert torch.equal(dev_buf[:16].cpu(), host[:16])
 
 
-@pytest.mark.gpu_only
+@pytest.mark.gpu
 @pytest.mark.parametrize("overlap", ["serial", "overlapped"])
 def test_transfer_overlaps_compute(bench, overlap):
     mb = bench.size(cpu=1, gpu=64, quick=8)
@@ -137,7 +137,7 @@ def test_mlp_forward_precision(bench, precision):
     torch.testing.assert_close(outs[-1].float(), ref, rtol=5e-2, atol=5e-2)
 
 
-@pytest.mark.gpu_only
+@pytest.mark.gpu
 def test_compiled_mlp_forward(bench):
     """torch.compile: compilation is the cold start, the steady state is timed apart (GPU-sized only)."""
     d, batch = 4096, 1024

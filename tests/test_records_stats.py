@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
+from bench_core import storage
 from bench_core import ColdStart, InvalidRecord, Measurement, Memory, Scenario
 from bench_core.stats import adjust_pvalues, bootstrap_median_ci, summarize
 
@@ -85,7 +86,7 @@ def test_measurement_is_immutable_and_round_trips():
 
     with pytest.raises(FrozenInstanceError):
         m.device = "cuda"
-    back = Measurement.from_dict(m.to_dict(with_environment=True))
+    back = storage.measurement_from_doc(storage.measurement_doc(m, with_environment=True))
     assert back == m
     assert back.summary.median == 2.0 and back.throughput == pytest.approx(4 / 0.002)
 
@@ -119,11 +120,17 @@ def test_scenario_metadata_is_frozen_and_round_trips():
     with pytest.raises(TypeError):
         s.metadata["dtype"] = "float16"
     assert s.window == ("forward", "backward")
-    assert Scenario.from_dict(s.to_dict()) == s
-    assert s.with_metadata(device="cuda").to_dict()["metadata"]["device"] == "cuda"
+    assert storage.scenario_from_doc(storage.scenario_doc(s)) == s
+    assert storage.scenario_doc(s.with_metadata(device="cuda"))["metadata"]["device"] == "cuda"
 
 
-def test_serialized_summary_carries_the_median_interval():
-    m = make([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
-    lo, hi = m.to_dict()["summary"]["median_ci95"]
-    assert lo <= 4.0 <= hi and (lo, hi) == bootstrap_median_ci(m.host_ms)
+def test_writing_a_result_runs_no_bootstrap(monkeypatch):
+    # derived figures are computed when shown, not on every write
+    import bench_core.stats
+
+    def boom(*a, **k):
+        raise AssertionError("a bootstrap ran while serializing")
+
+    monkeypatch.setattr(bench_core.stats._st, "bootstrap", boom)
+    d = storage.measurement_doc(make([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]))
+    assert d["summary"]["median"] == 4.0 and "median_ci95" not in d["summary"]
