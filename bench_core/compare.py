@@ -30,7 +30,7 @@ import numpy as np
 
 from .environment import differences
 from .records import Measurement
-from .scenario import thaw
+from .scenario import Scenario, thaw
 from .stats import adjust_pvalues, mann_whitney, mann_whitney_min_p, median_log_se, t_interval, t_test
 
 SLOWER, FASTER, UNCHANGED, INCONCLUSIVE, INCOMPARABLE = (
@@ -88,6 +88,7 @@ class Comparison:
     df: float | None = None
     se: float | None = None
     adjustment: str | None = None          # how p was adjusted for the family, in words
+    method: str | None = None              # what the runs are: stored-baseline runs, or side-by-side rounds
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -95,18 +96,24 @@ class Comparison:
         return d
 
 
-def _scenario_differences(base: Measurement, cand: Measurement) -> dict:
+def scenario_differences(base: Scenario, cand: Scenario) -> dict:
+    """Where two scenario records disagree about what is measured: {field: (base, cand)}."""
     diffs = {}
-    for attr in ("device", "mode", "timer"):
-        a, b = getattr(base, attr), getattr(cand, attr)
-        if a != b:
-            diffs[attr] = (a, b)
-    if base.scenario.window != cand.scenario.window:
-        diffs["window"] = (list(base.scenario.window), list(cand.scenario.window))
-    bm, cm = thaw(base.scenario.metadata), thaw(cand.scenario.metadata)
+    if base.name != cand.name:
+        diffs["name"] = (base.name, cand.name)
+    if base.window != cand.window:
+        diffs["window"] = (list(base.window), list(cand.window))
+    bm, cm = thaw(base.metadata), thaw(cand.metadata)
     for key in sorted(set(bm) | set(cm)):
         if bm.get(key) != cm.get(key):
             diffs[f"metadata.{key}"] = (bm.get(key), cm.get(key))
+    return diffs
+
+
+def _measurement_differences(base: Measurement, cand: Measurement) -> dict:
+    diffs = {attr: (getattr(base, attr), getattr(cand, attr)) for attr in ("device", "mode", "timer")
+             if getattr(base, attr) != getattr(cand, attr)}
+    diffs.update(scenario_differences(base.scenario, cand.scenario))
     return diffs
 
 
@@ -132,7 +139,7 @@ def estimate(
     diffs = {}
     for b in baseline:
         diffs.update(differences(b.environment, cand_ref.environment))
-        diffs.update(_scenario_differences(b, cand_ref))
+        diffs.update(_measurement_differences(b, cand_ref))
     common = dict(name=name, threshold=thr, baseline_runs=len(baseline), candidate_runs=len(candidate),
                   timer=cand_ref.timer, differences=diffs)
     if diffs and not config.allow_env_mismatch:
@@ -185,7 +192,10 @@ def run_variance(ss: float, df_data: int, prior_var: float, prior_runs: float) -
     return (prior_runs * prior_var + ss) / (prior_runs + df_data), prior_runs + df_data
 
 
-def decide(c: Comparison, p_adjusted: float, alpha: float, adjustment: str) -> Comparison:
+ADD_RUNS = "add baseline runs (--bench-save NAME --bench-append) or repeats"
+
+
+def decide(c: Comparison, p_adjusted: float, alpha: float, adjustment: str, advice: str = ADD_RUNS) -> Comparison:
     """Turn one estimate's adjusted p-value into its verdict and interval. Pure: same input, same verdict."""
     if c.verdict is not None:
         return c
@@ -208,7 +218,7 @@ def decide(c: Comparison, p_adjusted: float, alpha: float, adjustment: str) -> C
     else:
         verdict, why = INCONCLUSIVE, (
             f"no significant change, but the {confidence:.1%} interval [{lo:.3f}, {hi:.3f}] is too wide to rule out "
-            f"a {2 * thr:.0%} change: add baseline runs (--bench-save NAME --bench-append) or repeats"
+            f"a {2 * thr:.0%} change: {advice}"
         )
     return replace(c, verdict=verdict, reason=why)
 
@@ -229,7 +239,7 @@ def confirm(first: Comparison, pooled: Comparison) -> Comparison:
 
 
 def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConfig(),
-                  family_size: int | None = None) -> list[Comparison]:
+                  family_size: int | None = None, advice: str = ADD_RUNS) -> list[Comparison]:
     """The one decision: adjust the p-values of scenarios compared together, then decide each once.
 
     `family_size` larger than the list means the decision is taken before the rest of the family
@@ -241,12 +251,11 @@ def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConf
     n = sum(p is not None for p in ps)
     if family_size is not None and family_size > len(estimates):
         adj = [None if p is None else min(1.0, p * family_size) for p in ps]
-        how = (f"bonferroni over the baseline's {family_size} scenarios (decided one at a time; "
-               f"{config.adjust} asked for)")
+        how = f"bonferroni over {family_size} scenarios (decided one at a time; {config.adjust} asked for)"
     else:
         adj = adjust_pvalues(ps, config.adjust)
         how = f"{config.adjust} over {n} scenario(s)" if n > 1 else "none (one scenario)"
-    return [c if a is None else decide(c, a, config.alpha, how) for c, a in zip(estimates, adj)]
+    return [c if a is None else decide(c, a, config.alpha, how, advice) for c, a in zip(estimates, adj)]
 
 
 def compare_sets(

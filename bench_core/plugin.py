@@ -32,6 +32,9 @@ OPT_PROFILE_MEMORY = "--bench-profile-memory"
 OPT_PROFILE_STACK = "--bench-profile-stack"
 OPT_PROFILE_TB = "--bench-profile-tensorboard"
 OPT_PROFILE_REFUSE = "--bench-profile-refuse-sensitive"
+OPT_AGAINST = "--bench-against"
+OPT_ROUNDS = "--bench-rounds"
+OPT_PAIRS = "--bench-pairs"
 
 _KEY = pytest.StashKey["object"]()
 _STORED = pytest.StashKey["object"]()   # finish()'s lines, or the exception that stopped it
@@ -55,6 +58,10 @@ def pytest_addoption(parser):
     g.addoption(OPT_ALPHA, type=float, default=None, help="family-wise significance level of the gate")
     g.addoption(OPT_RUN_NOISE, type=float, default=None, help="prior run-to-run spread, a fraction")
     g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
+    g.addoption(OPT_AGAINST, metavar="REV", default=None,
+                help="measure every scenario side by side with git revision REV in this run, and decide each")
+    g.addoption(OPT_ROUNDS, type=int, default=None, help="with --bench-against: rounds of fresh instances (10)")
+    g.addoption(OPT_PAIRS, type=int, default=None, help="with --bench-against: alternated pairs per round (4)")
     g.addoption(OPT_PB_JSON, default=None, help="also write the results in pytest-benchmark's JSON format here")
     g.addoption(OPT_REF_SAVE, action="store_true",
                 help="save reference files (starting state + baseline outputs) for bench.reference checks")
@@ -76,7 +83,7 @@ def pytest_configure(config):
     from bench_core.compare import GateConfig
     from bench_core.environment import fingerprint
     from bench_core.errors import BenchError
-    from bench_core.session import BenchSession, SessionConfig
+    from bench_core.session import AgainstConfig, BenchSession, SessionConfig
     from bench_core.devices import cuda_available
 
     device = "cuda" if config.getoption(OPT_GPU) else "cpu"
@@ -102,6 +109,14 @@ def pytest_configure(config):
                                  with_stack=config.getoption(OPT_PROFILE_STACK),
                                  tensorboard=config.getoption(OPT_PROFILE_TB),
                                  refuse_sensitive=config.getoption(OPT_PROFILE_REFUSE))
+        against = None
+        if config.getoption(OPT_AGAINST) is not None:
+            kw = {k: v for k, v in (("rounds", config.getoption(OPT_ROUNDS)), ("pairs", config.getoption(OPT_PAIRS)),
+                                    ("threshold", config.getoption(OPT_THRESHOLD))) if v is not None}
+            against = AgainstConfig(config.getoption(OPT_AGAINST), **kw)
+            if against.rounds < 3 or against.pairs < 1:
+                raise ValueError(f"{OPT_ROUNDS} must be >= 3 and {OPT_PAIRS} >= 1 "
+                                 f"(the interval comes from the spread between rounds)")
         scfg = SessionConfig(
             device=device, warmup=config.getoption(OPT_WARMUP), repeats=config.getoption(OPT_REPEATS),
             quick=config.getoption(OPT_QUICK), threads=config.getoption(OPT_THREADS),
@@ -110,8 +125,12 @@ def pytest_configure(config):
             append=config.getoption(OPT_APPEND), compare=config.getoption(OPT_COMPARE),
             pb_json=config.getoption(OPT_PB_JSON), gate=gate, profile=prof,
             references_dir=root / config.getoption(OPT_REFS), save_references=config.getoption(OPT_REF_SAVE),
+            against=against,
         )
-        config.stash[_KEY] = BenchSession(scfg, fingerprint(device, root=str(root)))
+        session = BenchSession(scfg, fingerprint(device, root=str(root)))
+        if against is not None:
+            session.open_revision(root)
+        config.stash[_KEY] = session
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
 
@@ -126,38 +145,54 @@ def _session(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption(OPT_GPU):
-        return
-    skip = pytest.mark.skip(reason=f"needs a CUDA device: run with {OPT_GPU}")
-    for item in items:
-        if GPU_MARKER in item.keywords:
-            item.add_marker(skip)
+    if not config.getoption(OPT_GPU):
+        skip = pytest.mark.skip(reason=f"needs a CUDA device: run with {OPT_GPU}")
+        for item in items:
+            if GPU_MARKER in item.keywords:
+                item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    bench = _session(session.config)
+    if bench is not None:  # the family each decision is adjusted for, before any is taken (after -k, -m)
+        bench.family_size = sum(1 for i in session.items if "bench" in getattr(i, "fixturenames", ())
+                                and not i.get_closest_marker("skip"))
+
+
+def pytest_unconfigure(config):
+    session = _session(config)
+    if session is not None:
+        session.close_revision()
 
 
 class BenchFixture:
     """What a benchmark sees: the device, the size knob, and `run` to measure its scenario."""
 
-    def __init__(self, session, node):
+    def __init__(self, session, request):
+        from bench_core.capture import Sizing
+
         self._session = session
-        self._node = node
-        self.device = session.config.device
-        self.quick = session.config.quick
+        self._request = request
+        self._node = request.node
+        self._sizing = Sizing(session.config.device, session.config.quick)
+        self.device, self.quick = self._sizing.device, self._sizing.quick
 
     @property
     def on_gpu(self) -> bool:
-        return self.device == "cuda"
+        return self._sizing.on_gpu
 
     def size(self, cpu, gpu, quick=None):
         """Pick a size: small on the CPU, realistic on the GPU, smallest in --bench-quick."""
-        if self.quick and quick is not None:
-            return quick
-        return gpu if self.on_gpu else cpu
+        return self._sizing.size(cpu, gpu, quick)
 
     def run(self, scenario, fn, **kwargs):
         from bench_core.errors import ScenarioError
 
         try:
-            m, c = self._session.run(scenario, fn, **kwargs)
+            if self._session.revision is not None:
+                m, c = self._run_against(scenario, fn, kwargs)
+            else:
+                m, c = self._session.run(scenario, fn, **kwargs)
         except ScenarioError as exc:
             pytest.fail(str(exc), pytrace=False)
         from bench_core.report import session_table
@@ -173,9 +208,49 @@ class BenchFixture:
             self._node.user_properties.append(("bench_verdict", c.verdict))
             if self._session.fails(c):
                 table = comparison_table([c], self._session.config.gate.alpha)
-                pytest.fail(f"scenario {m.name!r} is {c.verdict} than baseline "
-                            f"{self._session.config.compare!r}: {c.reason}\n{table}", pytrace=False)
+                pytest.fail(f"scenario {m.name!r}: {c.verdict} against {self._session.compared_with}: "
+                            f"{c.reason}\n{table}", pytrace=False)
         return m
+
+    def _run_against(self, scenario, fn, kwargs):
+        """Side by side with --bench-against's revision: this call's step is round 0 of the current side;
+        every other instance comes from calling the test function again (this tree's, and the revision's)."""
+        from bench_core.capture import capture, instance_from
+        from bench_core.errors import BenchError
+        from bench_core.revisions import file_sha256
+
+        req, session = self._request, self._session
+        loaded = session.revision
+        name = scenario.name
+
+        def value_of(arg):
+            return req.node.funcargs[arg] if arg in req.node.funcargs else req.getfixturevalue(arg)
+
+        def rebuild(_round):
+            return capture(req.function, value_of, self._sizing, "current tree", name)
+
+        try:
+            if req.cls is not None:
+                raise BenchError("only module-level test functions are compared side by side")
+            theirs = getattr(loaded.module_for(req.path), req.function.__name__, None)
+            if theirs is None:
+                raise BenchError(f"{req.function.__name__} does not exist in {loaded.revision.label}")
+        except Exception as exc:  # the revision lacks it or cannot load: measured alone, reported
+            session.one_side.append((name, f"current tree only: {exc}"))
+            return session.run(scenario, fn, **kwargs)
+
+        def rev_build(_round):
+            return capture(theirs, value_of, self._sizing, f"revision {loaded.revision.label}", name)
+
+        proof = {"current": {"test_file": str(req.path), "test_file_sha256": file_sha256(req.path),
+                             "function": req.function.__qualname__},
+                 "baseline": {"test_file": str(loaded.counterpart(req.path)),
+                              "test_file_sha256": file_sha256(loaded.counterpart(req.path)),
+                              "function": theirs.__qualname__, "module": theirs.__module__,
+                              "code_from_revision": loaded.ran_from_revision(theirs),
+                              "project_modules": loaded.loaded_modules()}}
+        live = instance_from(fn, kwargs, scenario)
+        return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"), proof=proof)
 
     def validate(self, baseline, candidate, state, model, optimizer=None, **kwargs):
         """Correctness from a saved state. Returns the report for the test to assert on; passed to
@@ -224,7 +299,7 @@ def bench(request):
     session = _session(request.config)
     if session is None:  # pragma: no cover - configure always builds one
         pytest.skip("bench_core session not configured")
-    return BenchFixture(session, request.node)
+    return BenchFixture(session, request)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -4,11 +4,11 @@ The pytest plugin is a thin shell over this class; scripts can drive it directly
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .compare import INCOMPARABLE, SLOWER, Comparison, GateConfig, confirm, decide_family, estimate
+from .compare import INCOMPARABLE, SLOWER, Comparison, GateConfig, confirm, decide_family, estimate, scenario_differences
 from .errors import ScenarioError, StorageError
 from .measuring import measure
 from .records import Measurement
@@ -19,6 +19,24 @@ DEFAULT_WARMUP = 3
 DEFAULT_REPEATS = 20
 QUICK_WARMUP = 1
 QUICK_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class AgainstConfig:
+    """Side by side with another revision (`--bench-against REV`): rounds of fresh instances, pairs per round.
+
+    The threshold is smaller than the stored-baseline gate's: alternated samples in one process reach
+    1-2% here, where separate runs drift by 5-29%.
+    """
+
+    rev: str
+    rounds: int = 10
+    pairs: int = 4
+    warmup: int = 1
+    seed: int = 0
+    threshold: float = 0.02
+    quick_rounds: int = 3
+    quick_pairs: int = 2
 
 
 @dataclass(frozen=True)
@@ -38,6 +56,7 @@ class SessionConfig:
     profile: Any = None                # a diagnose.ProfileConfig: one profiler pass after each measurement
     references_dir: Path = Path("references")
     save_references: bool = False      # record references instead of checking against them
+    against: AgainstConfig | None = None
 
 
 class BenchSession:
@@ -51,6 +70,10 @@ class BenchSession:
         self.decisions: list[tuple[str, Any]] = []   # (name, ABResult)
         self.profiles: list[Any] = []                 # diagnose.ProfileResult, never mixed into results
         self._measure = measure_fn
+        self.family_size: int | None = None           # scenarios in this session, once collection knows
+        self.revision = None                          # revisions.LoadedRevision under --bench-against
+        self.against_records: list[dict] = []         # per scenario: rounds, both sides' code, decision
+        self.one_side: list[tuple[str, str]] = []     # scenarios that exist on one side only
         self.baseline: dict[str, list[Measurement]] | None = None
         if config.save:
             path = storage.baseline_path(config.baselines_dir, config.save)
@@ -59,6 +82,9 @@ class BenchSession:
                                    hint="pass --bench-append to add this session as another run, or pick a new name")
         if config.compare:
             self.baseline = storage.by_scenario(storage.load_baseline(config.baselines_dir, config.compare))
+        if config.against is not None and (config.compare or config.save):
+            raise ValueError("--bench-against compares two revisions in this run: it does not mix with a stored "
+                             "baseline (--bench-compare / --bench-save); use one or the other")
 
     # -- measuring -------------------------------------------------------------------------------
     def counts(self, warmup: int | None, repeats: int | None) -> tuple[int, int]:
@@ -95,6 +121,66 @@ class BenchSession:
             self.profiles.append(profile(scenario.name, fn, self.config.profile, setup=kwargs.get("setup")))
         return m, c
 
+    # -- side by side with another revision -------------------------------------------------------
+    def open_revision(self, root: Path) -> None:
+        """Extract --bench-against's revision and make it importable beside the current code."""
+        from .revisions import LoadedRevision
+
+        self.revision = LoadedRevision(root, self.config.against.rev)
+
+    def close_revision(self) -> None:
+        if self.revision is not None:
+            self.revision.close()
+
+    def run_against(self, scenario: Scenario, live, rebuild: Callable[[int], Any], rev_build: Callable[[int], Any],
+                    *, items: int | None = None, proof: Mapping[str, Any] | None = None
+                    ) -> tuple[Measurement, Comparison | None]:
+        """Measure the current code (`live`, then `rebuild(round)`) and the revision's (`rev_build(round)`)
+        side by side; returns the current side's result and the decision. The revision failing leaves the
+        current side measured on its own, with the reason kept; the current side failing fails the scenario."""
+        from .backends import backend_for
+        from .records import ColdStart, Memory
+        from .sampling import Sampler, set_threads
+        from .sidebyside import SideError, estimate_rounds, run_rounds
+
+        a, dev = self.config.against, self.config.device
+        rounds, pairs = (a.quick_rounds, a.quick_pairs) if self.config.quick else (a.rounds, a.pairs)
+        scenario = scenario.with_metadata(device=dev)
+        threads = set_threads(self.config.threads)
+        rev = f"{a.rev} ({self.revision.revision.commit[:12]})"
+        build = {"candidate": lambda r: live if r == 0 else rebuild(r), "baseline": rev_build}
+        try:
+            res = run_rounds(build, Sampler(scenario.name, backend_for(dev)), rounds=rounds, pairs=pairs,
+                             warmup=a.warmup, seed=a.seed)
+        except SideError as exc:
+            if exc.side == "candidate":
+                self.errors.append((scenario.name, exc.problem))
+                raise ScenarioError(scenario.name, exc.problem) from exc
+            self.one_side.append((scenario.name, f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}"))
+            return self.measure(scenario, live.fn, setup=live.setup, items=items), None
+        cur = [x for r in res.candidate for x in r]
+        cold = res.cold["candidate"][0]
+        m = Measurement(scenario=scenario, device=dev, mode="per_call" if live.block_size == 1 else "block",
+                        block_size=live.block_size, warmup=a.warmup, repeats=len(cur),
+                        host_ms=tuple(x.host_ms for x in cur),
+                        gpu_ms=tuple(x.gpu_ms for x in cur) if dev == "cuda" else None,
+                        cold_start=ColdStart(cold.host_ms, cold.gpu_ms, res.load_ms.get("candidate")), items=items,
+                        threads=threads, memory=Memory(), environment=self.environment)
+        theirs = res.scenarios.get("baseline")
+        diffs = scenario_differences(theirs.with_metadata(device=dev), scenario) if theirs is not None else {}
+        thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
+        est = estimate_rounds(scenario.name, res, thr, timer=m.timer, differences=diffs)
+        (c,) = decide_family([est], replace(self.config.gate, threshold=thr), family_size=self.family_size,
+                             advice="more rounds would narrow it (--bench-rounds), or fix the thread count "
+                                    "(--bench-threads 1) on a shared machine")
+        c = replace(c, method=f"side by side with {rev}: {rounds} rounds x {pairs} pairs, fresh instances "
+                              f"every round, one process")
+        self.results.append(m)
+        self.comparisons.append(c)
+        self.against_records.append({"scenario": scenario.name, "comparison": c.to_dict(), "rounds": res.to_dict(),
+                                     "code": dict(proof or {})})
+        return m, c
+
     # -- gating ----------------------------------------------------------------------------------
     def gate(self, m: Measurement, remeasure: Callable[[], Measurement] | None = None) -> tuple[Measurement, Comparison | None]:
         """Compare one fresh result with the baseline; returns the result to keep and the comparison.
@@ -122,6 +208,13 @@ class BenchSession:
     @staticmethod
     def fails(c: Comparison | None) -> bool:
         return c is not None and c.verdict in (SLOWER, INCOMPARABLE)
+
+    @property
+    def compared_with(self) -> str | None:
+        """What the comparisons are against, in words: a stored baseline or another revision."""
+        if self.config.against is not None:
+            return f"revision {self.config.against.rev!r}"
+        return f"baseline {self.config.compare!r}" if self.config.compare else None
 
     def missing_from_run(self) -> list[str]:
         if self.baseline is None:
@@ -176,12 +269,18 @@ class BenchSession:
             where = f"trace: {p.trace_path}" if p.trace_path else "trace: not written"
             out.append((f"bench_core diagnose: {p.scenario} (profiled separately; not in any result)",
                         f"{p.table}\n{hypotheses_table(p.hypotheses, p.facts)}\n{where} ({p.redaction})"))
-        if self.baseline is not None:
+        if self.compared_with is not None:
             text = comparison_table(self.comparisons, self.config.gate.alpha)
             missing = self.missing_from_run()
             if missing:
                 text += f"\nin the baseline but not run now: {', '.join(missing)}"
-            out.append((f"bench_core comparison with baseline {self.config.compare!r}", text))
+            if self.revision is not None:
+                text += (f"\nbaseline = {self.revision.revision.label} ({self.revision.revision.commit[:12]}); "
+                         f"current = {_describe(self.revision.current)}; "
+                         f"{self.comparisons[0].method if self.comparisons else ''}")
+            for name, note in self.one_side:
+                text += f"\n{name}: {note}"
+            out.append((f"bench_core comparison with {self.compared_with}", text))
         return out
 
     # -- storing ---------------------------------------------------------------------------------
@@ -191,9 +290,14 @@ class BenchSession:
         if not self.results and not self.errors and not self.decisions:
             return lines
         if self.config.results_dir is not None:
+            against = None
+            if self.revision is not None:
+                against = {"baseline": self.revision.revision.to_dict(), "current": self.revision.current.to_dict(),
+                           "scenarios": self.against_records,
+                           "one_side": [{"scenario": n, "note": t} for n, t in self.one_side]}
             p = storage.write_session(self.config.results_dir, self.results, self.environment,
                                       [{"scenario": n, "problem": p} for n, p in self.errors],
-                                      [c.to_dict() for c in self.comparisons])
+                                      [c.to_dict() for c in self.comparisons], against=against)
             lines.append(f"results written to {p}")
             for name, res in self.decisions:
                 p = storage.write_decision(self.config.results_dir, res.to_dict(), name)
@@ -209,3 +313,8 @@ class BenchSession:
                                             self.environment, append=self.config.append)
             lines.append(f"baseline {self.config.save!r} saved to {path} ({n} run{'s' if n != 1 else ''})")
         return lines
+
+
+def _describe(rev) -> str:
+    commit = rev.commit[:12] if rev.commit else "no commit"
+    return f"working tree at {commit}" + (f", dirty (diff sha256 {rev.diff_sha256[:12]})" if rev.dirty else ", clean")

@@ -12,7 +12,10 @@ JSON files (session results, baselines and A/B decision records share the versio
     never by rewriting old ones. A/B decision records (`bench_core.decision`) carry the same version.
   2 (bench_core 0.2.0): a result's `summary` no longer carries `median_ci95` (a bootstrap run on every
     write); derived figures are computed from the raw samples when read or shown. Comparisons carry
-    `confidence` (the level of their interval) and `adjustment`. Version 1 files are read as before.
+    `confidence` (the level of their interval), `adjustment` and `method`. A session run with
+    `--bench-against REV` has `against`: both revisions (commit, dirty state and the hash of its diff),
+    per scenario the raw samples of every round and side, the decision and the files each side's code
+    came from with their sha256. Version 1 files are read as before.
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
@@ -158,12 +161,15 @@ def run_doc(results: Sequence[Measurement], environment: Mapping[str, Any],
 
 
 def write_session(folder: Path, results: Sequence[Measurement], environment: Mapping[str, Any],
-                  errors: Iterable[Mapping[str, str]] = (), comparisons: Sequence[Mapping[str, Any]] = ()) -> Path:
+                  errors: Iterable[Mapping[str, str]] = (), comparisons: Sequence[Mapping[str, Any]] = (),
+                  against: Mapping[str, Any] | None = None) -> Path:
     """Write one session's results under a new, unused name in `folder`; returns the path."""
     doc = {"format": SESSION_FORMAT, "schema_version": SCHEMA_VERSION,
            **run_doc(results, environment, errors)}
     if comparisons:  # the gate's decisions, for CI artifacts; never read back as results
         doc["comparisons"] = [dict(c) for c in comparisons]
+    if against is not None:  # side by side with another revision: both revisions, rounds, code proof
+        doc["against"] = dict(against)
     return write_stamped_json(folder, "session", doc)
 
 

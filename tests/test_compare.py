@@ -118,7 +118,7 @@ def test_family_adjustment_can_turn_a_lone_regression_into_inconclusive():
     # the interval shown is the one the adjusted verdict used: wider, and now covering 1
     assert adj.confidence == pytest.approx(1 - 2 * 0.01 / 50)
     assert adj.ci_low < 1 < adj.ci_high and c.ci_low > 1
-    assert "bonferroni over the baseline's 50" in adj.adjustment
+    assert "bonferroni over 50 scenarios" in adj.adjustment
 
 
 def test_gate_config_refuses_nonsense():

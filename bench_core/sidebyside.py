@@ -1,0 +1,158 @@
+"""Two versions of one scenario measured side by side in one process, in rounds of fresh instances.
+
+Where timing noise lives on a shared machine (measured in shared/noise-layers): the level of a whole run
+drifts, so the two sides alternate sample by sample in a seeded random order, and each pair's ratio
+cancels the drift. But each instance (each set of allocations) keeps a bias of its own of several
+percent on memory-bound and CNN work, so every round builds both sides anew, and the *round* is the
+unit of evidence: a round's estimate is the median log ratio of its pairs, and the interval comes
+from the spread of the round estimates (a t-interval with rounds - 1 degrees of freedom). The
+instance bias is then inside the interval instead of inside the answer.
+
+The estimate goes through the gate's own `compare.decide_family`, so verdicts, thresholds and the
+family adjustment mean the same as in `--bench-compare`. Pure apart from calling the builders and
+the sampler.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .compare import Comparison
+from .errors import ScenarioError
+from .sampling import Sample, Sampler, gc_paused
+from .stats import t_test
+
+SIDES = ("baseline", "candidate")
+
+
+class SideError(ScenarioError):
+    """One side of a side-by-side comparison failed; `side` says which."""
+
+    def __init__(self, side: str, cause: ScenarioError):
+        self.side = side
+        super().__init__(cause.scenario, f"{side}: {cause.problem}")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One freshly built side of a round: the zero-argument step and its optional `load` and `setup`."""
+
+    fn: Callable[[], Any]
+    setup: Callable[[], Any] | None = None
+    load: Callable[[], Any] | None = None
+    block_size: int = 1
+    scenario: Any = None           # the side's own Scenario record, when it declared one
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """Raw material of a side-by-side comparison: per round and side, the timed samples."""
+
+    baseline: tuple[tuple[Sample, ...], ...]
+    candidate: tuple[tuple[Sample, ...], ...]
+    cold: Mapping[str, tuple[Sample, ...]] = field(default_factory=dict)   # first call of each round
+    load_ms: Mapping[str, float | None] = field(default_factory=dict)     # round 0's `load`, timed once
+    seed: int = 0
+    scenarios: Mapping[str, Any] = field(default_factory=dict)            # each side's record, from round 0
+
+    def primary(self, side: str) -> tuple[tuple[float, ...], ...]:
+        return tuple(tuple(x.primary_ms for x in r) for r in getattr(self, side))
+
+    @property
+    def round_log_ratios(self) -> list[float]:
+        """Per round: median over its pairs of log(candidate / baseline)."""
+        return [float(np.median(np.log(np.asarray(c)) - np.log(np.asarray(b))))
+                for b, c in zip(self.primary("baseline"), self.primary("candidate"))]
+
+    def to_dict(self) -> dict:
+        def ms(rounds):
+            return [[[x.host_ms, x.gpu_ms] for x in r] for r in rounds]
+
+        return {"samples_host_gpu_ms": {s: ms(getattr(self, s)) for s in SIDES},
+                "cold_host_gpu_ms": {k: [[x.host_ms, x.gpu_ms] for x in v] for k, v in self.cold.items()},
+                "load_ms": dict(self.load_ms), "seed": self.seed, "round_log_ratios": self.round_log_ratios}
+
+
+def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, *, rounds: int, pairs: int,
+               warmup: int = 1, seed: int = 0) -> Rounds:
+    """`build[side](round)` makes a fresh instance of that side. Each round: build both (in random order),
+    a first (cold) call and `warmup` more of each, kept out of the estimate, then `pairs` pairs, each in
+    a random order. Nothing else runs between the two samples of a pair. A failure raises SideError."""
+    if rounds < 3 or pairs < 1:
+        raise ValueError(f"side by side needs at least 3 rounds and 1 pair, got {rounds} and {pairs}")
+    rng = random.Random(seed)
+    samples: dict[str, list[tuple[Sample, ...]]] = {s: [] for s in SIDES}
+    cold: dict[str, list[Sample]] = {s: [] for s in SIDES}
+    load_ms: dict[str, float | None] = {s: None for s in SIDES}
+    scenarios: dict[str, Any] = {}
+
+    def on(side: str, what: str, fn: Callable[[], Any]):
+        try:
+            return fn()
+        except ScenarioError as exc:
+            raise SideError(side, exc) from exc
+
+    for r in range(rounds):
+        inst: dict[str, Instance] = {}
+        for side in rng.sample(SIDES, 2):
+            inst[side] = on(side, "build", lambda: sampler.call(f"building round {r}", lambda: build[side](r)))
+            if r == 0:
+                scenarios[side] = inst[side].scenario
+            if inst[side].load is not None:
+                ms = on(side, "load", lambda: sampler.elapsed_ms(inst[side].load, f"load (round {r})"))
+                load_ms[side] = ms if r == 0 else load_ms[side]
+
+        def timed(side: str, what: str) -> Sample:
+            i = inst[side]
+            if i.setup is not None:
+                on(side, what, lambda: sampler.call(f"setup before {what}", i.setup))
+            return on(side, what, lambda: sampler.sample(i.fn, i.block_size, what=what))
+
+        for side in rng.sample(SIDES, 2):
+            cold[side].append(timed(side, f"the first call of round {r}"))
+        for w in range(warmup):
+            for side in rng.sample(SIDES, 2):
+                timed(side, f"warmup {w} of round {r}")
+        got: dict[str, list[Sample]] = {s: [] for s in SIDES}
+        with gc_paused():
+            for p in range(pairs):
+                for side in rng.sample(SIDES, 2):
+                    got[side].append(timed(side, f"pair {p} of round {r}"))
+        for side in SIDES:
+            samples[side].append(tuple(got[side]))
+        inst.clear()  # this round's instances go before the next round allocates its own
+    return Rounds(tuple(samples["baseline"]), tuple(samples["candidate"]),
+                  {k: tuple(v) for k, v in cold.items()}, load_ms, seed, scenarios)
+
+
+def estimate_rounds(name: str, rounds: Rounds, threshold: float, *, timer: str,
+                    differences: Mapping[str, Any] | None = None) -> Comparison:
+    """The change (candidate / baseline time) with its standard error and p, undecided: hand it to
+    `compare.decide_family`. A zero or non-finite sample makes the comparison inconclusive."""
+    base_all = [v for r in rounds.primary("baseline") for v in r]
+    cand_all = [v for r in rounds.primary("candidate") for v in r]
+    flat = base_all + cand_all
+    n = len(rounds.baseline)
+    common = dict(name=name, threshold=threshold, baseline_runs=n, candidate_runs=n, timer=timer,
+                  differences=dict(differences or {}),
+                  baseline_median=float(np.median(base_all)) if base_all else None,
+                  candidate_median=float(np.median(cand_all)) if cand_all else None)
+    if differences:
+        what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in differences.items())
+        return Comparison(verdict="incomparable", reason=f"the two sides measure different things: {what}", **common)
+    if not flat or min(flat) <= 0 or not all(math.isfinite(v) for v in flat):
+        return Comparison(verdict="inconclusive",
+                          reason="a sample is 0 ms or not finite (below the timer's resolution?): no ratio", **common)
+    logs = np.asarray(rounds.round_log_ratios)
+    d = float(logs.mean())
+    sd = float(logs.std(ddof=1))
+    if sd == 0.0:  # identical rounds: a clock too coarse to see any spread; say so rather than divide by 0
+        return Comparison(verdict="inconclusive", reason="every round gave the same ratio: the timer cannot resolve "
+                                                         "this scenario's spread", ratio=math.exp(d), **common)
+    se = sd / math.sqrt(n)
+    return Comparison(verdict=None, reason="", ratio=math.exp(d), p_value=t_test(d, se, n - 1), df=float(n - 1), se=se,
+                      **common)
