@@ -130,10 +130,10 @@ def test_save_then_compare_fails_only_the_regressed_scenario(bt):
     bt.makepyfile(test_b=FAKE_BENCH.format(level=4.0).replace("assert m.summary.median == LEVEL", "pass"))
     res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "10", "--junitxml=out.xml")
     res.assert_outcomes(passed=1, failed=1)
-    res.stdout.fnmatch_lines(["*scenario 'alpha' is slower than baseline 'main'*", "*alpha*2*4*2.000*slower*",
+    res.stdout.fnmatch_lines(["*scenario 'alpha': slower against baseline 'main'*", "*alpha*2*4*2.000*slower*",
                               "*bench_core comparison with baseline 'main'*"])
     xml = (bt.path / "out.xml").read_text()
-    assert "is slower than baseline" in xml and 'name="bench_verdict" value="slower"' in xml
+    assert "slower against baseline" in xml and 'name="bench_verdict" value="slower"' in xml
     res.stdout.fnmatch_lines(["*Captured bench_core call*", "alpha*cpu*host*per_call*"])  # the test's own section
 
 
