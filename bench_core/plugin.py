@@ -236,7 +236,12 @@ class BenchFixture:
             if theirs is None:
                 raise BenchError(f"{req.function.__name__} does not exist in {loaded.revision.label}")
         except Exception as exc:  # the revision lacks it or cannot load: measured alone, reported
-            session.one_side.append((name, f"current tree only: {exc}"))
+            why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, BenchError) else str(exc)
+            if not isinstance(exc, BenchError):
+                why = (f"{loaded.revision.label}'s test module could not be loaded beside the current code ({why}); "
+                       f"code that registers global names (a torch.library operator) or compiled extensions "
+                       f"cannot be loaded twice into one process")
+            session.one_side.append((name, f"measured on the current tree only: {why}"))
             return session.run(scenario, fn, **kwargs)
 
         def rev_build(_round):
@@ -250,7 +255,8 @@ class BenchFixture:
                               "code_from_revision": loaded.ran_from_revision(theirs),
                               "project_modules": loaded.loaded_modules()}}
         live = instance_from(fn, kwargs, scenario)
-        return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"), proof=proof)
+        return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"), proof=proof,
+                                   clock=kwargs.get("clock"), backend=kwargs.get("backend"))
 
     def validate(self, baseline, candidate, state, model, optimizer=None, **kwargs):
         """Correctness from a saved state. Returns the report for the test to assert on; passed to

@@ -75,6 +75,9 @@ class BenchSession:
         self.against_records: list[dict] = []         # per scenario: rounds, both sides' code, decision
         self.one_side: list[tuple[str, str]] = []     # scenarios that exist on one side only
         self.baseline: dict[str, list[Measurement]] | None = None
+        if config.against is not None and (config.compare or config.save):
+            raise ValueError("--bench-against compares two revisions in this run: it does not mix with a stored "
+                             "baseline (--bench-compare / --bench-save); use one or the other")
         if config.save:
             path = storage.baseline_path(config.baselines_dir, config.save)
             if path.exists() and not config.append:  # fail before the run, not after minutes of it
@@ -82,9 +85,6 @@ class BenchSession:
                                    hint="pass --bench-append to add this session as another run, or pick a new name")
         if config.compare:
             self.baseline = storage.by_scenario(storage.load_baseline(config.baselines_dir, config.compare))
-        if config.against is not None and (config.compare or config.save):
-            raise ValueError("--bench-against compares two revisions in this run: it does not mix with a stored "
-                             "baseline (--bench-compare / --bench-save); use one or the other")
 
     # -- measuring -------------------------------------------------------------------------------
     def counts(self, warmup: int | None, repeats: int | None) -> tuple[int, int]:
@@ -133,8 +133,8 @@ class BenchSession:
             self.revision.close()
 
     def run_against(self, scenario: Scenario, live, rebuild: Callable[[int], Any], rev_build: Callable[[int], Any],
-                    *, items: int | None = None, proof: Mapping[str, Any] | None = None
-                    ) -> tuple[Measurement, Comparison | None]:
+                    *, items: int | None = None, proof: Mapping[str, Any] | None = None, clock=None,
+                    backend=None) -> tuple[Measurement, Comparison | None]:
         """Measure the current code (`live`, then `rebuild(round)`) and the revision's (`rev_build(round)`)
         side by side; returns the current side's result and the decision. The revision failing leaves the
         current side measured on its own, with the reason kept; the current side failing fails the scenario."""
@@ -150,14 +150,16 @@ class BenchSession:
         rev = f"{a.rev} ({self.revision.revision.commit[:12]})"
         build = {"candidate": lambda r: live if r == 0 else rebuild(r), "baseline": rev_build}
         try:
-            res = run_rounds(build, Sampler(scenario.name, backend_for(dev)), rounds=rounds, pairs=pairs,
+            res = run_rounds(build, Sampler(scenario.name, backend or backend_for(dev), clock), rounds=rounds, pairs=pairs,
                              warmup=a.warmup, seed=a.seed)
         except SideError as exc:
             if exc.side == "candidate":
                 self.errors.append((scenario.name, exc.problem))
                 raise ScenarioError(scenario.name, exc.problem) from exc
             self.one_side.append((scenario.name, f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}"))
-            return self.measure(scenario, live.fn, setup=live.setup, items=items), None
+            m = self.measure(scenario, live.fn, setup=live.setup, items=items, clock=clock, backend=backend)
+            self.results.append(m)
+            return m, None
         cur = [x for r in res.candidate for x in r]
         cold = res.cold["candidate"][0]
         m = Measurement(scenario=scenario, device=dev, mode="per_call" if live.block_size == 1 else "block",

@@ -23,7 +23,7 @@ import numpy as np
 
 from .compare import Comparison
 from .errors import ScenarioError
-from .sampling import Sample, Sampler, gc_paused
+from .sampling import Sample, Sampler, gc_frozen, gc_paused
 from .stats import t_test
 
 SIDES = ("baseline", "candidate")
@@ -84,49 +84,61 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     a random order. Nothing else runs between the two samples of a pair. A failure raises SideError."""
     if rounds < 3 or pairs < 1:
         raise ValueError(f"side by side needs at least 3 rounds and 1 pair, got {rounds} and {pairs}")
-    rng = random.Random(seed)
-    samples: dict[str, list[tuple[Sample, ...]]] = {s: [] for s in SIDES}
-    cold: dict[str, list[Sample]] = {s: [] for s in SIDES}
-    load_ms: dict[str, float | None] = {s: None for s in SIDES}
-    scenarios: dict[str, Any] = {}
+    runner = _Runner(build, sampler, random.Random(seed))
+    with gc_frozen():
+        for r in range(rounds):
+            runner.round(r, pairs, warmup)
+    return Rounds(tuple(runner.samples["baseline"]), tuple(runner.samples["candidate"]),
+                  {k: tuple(v) for k, v in runner.cold.items()}, runner.load_ms, seed, runner.scenarios)
 
-    def on(side: str, what: str, fn: Callable[[], Any]):
+
+class _Runner:
+    """The state of a side-by-side run as its rounds go by."""
+
+    def __init__(self, build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, rng: random.Random):
+        self.build, self.sampler, self.rng = build, sampler, rng
+        self.samples: dict[str, list[tuple[Sample, ...]]] = {s: [] for s in SIDES}
+        self.cold: dict[str, list[Sample]] = {s: [] for s in SIDES}
+        self.load_ms: dict[str, float | None] = {s: None for s in SIDES}
+        self.scenarios: dict[str, Any] = {}
+        self.inst: dict[str, Instance] = {}
+
+    def on(self, side: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         except ScenarioError as exc:
             raise SideError(side, exc) from exc
 
-    for r in range(rounds):
-        inst: dict[str, Instance] = {}
-        for side in rng.sample(SIDES, 2):
-            inst[side] = on(side, "build", lambda: sampler.call(f"building round {r}", lambda: build[side](r)))
+    def timed(self, side: str, what: str) -> Sample:
+        i = self.inst[side]
+        if i.setup is not None:
+            self.on(side, lambda: self.sampler.call(f"setup before {what}", i.setup))
+        return self.on(side, lambda: self.sampler.sample(i.fn, i.block_size, what=what))
+
+    def round(self, r: int, pairs: int, warmup: int) -> None:
+        for side in self.rng.sample(SIDES, 2):
+            self.inst[side] = self.on(side, lambda: self.sampler.call(f"building round {r}",
+                                                                      lambda: self.build[side](r)))
+            load = self.inst[side].load
+            if load is not None:
+                ms = self.on(side, lambda: self.sampler.elapsed_ms(load, f"load (round {r})"))
+                if r == 0:
+                    self.load_ms[side] = ms
             if r == 0:
-                scenarios[side] = inst[side].scenario
-            if inst[side].load is not None:
-                ms = on(side, "load", lambda: sampler.elapsed_ms(inst[side].load, f"load (round {r})"))
-                load_ms[side] = ms if r == 0 else load_ms[side]
-
-        def timed(side: str, what: str) -> Sample:
-            i = inst[side]
-            if i.setup is not None:
-                on(side, what, lambda: sampler.call(f"setup before {what}", i.setup))
-            return on(side, what, lambda: sampler.sample(i.fn, i.block_size, what=what))
-
-        for side in rng.sample(SIDES, 2):
-            cold[side].append(timed(side, f"the first call of round {r}"))
+                self.scenarios[side] = self.inst[side].scenario
+        for side in self.rng.sample(SIDES, 2):
+            self.cold[side].append(self.timed(side, f"the first call of round {r}"))
         for w in range(warmup):
-            for side in rng.sample(SIDES, 2):
-                timed(side, f"warmup {w} of round {r}")
+            for side in self.rng.sample(SIDES, 2):
+                self.timed(side, f"warmup {w} of round {r}")
         got: dict[str, list[Sample]] = {s: [] for s in SIDES}
         with gc_paused():
             for p in range(pairs):
-                for side in rng.sample(SIDES, 2):
-                    got[side].append(timed(side, f"pair {p} of round {r}"))
+                for side in self.rng.sample(SIDES, 2):
+                    got[side].append(self.timed(side, f"pair {p} of round {r}"))
         for side in SIDES:
-            samples[side].append(tuple(got[side]))
-        inst.clear()  # this round's instances go before the next round allocates its own
-    return Rounds(tuple(samples["baseline"]), tuple(samples["candidate"]),
-                  {k: tuple(v) for k, v in cold.items()}, load_ms, seed, scenarios)
+            self.samples[side].append(tuple(got[side]))
+        self.inst.clear()  # this round's instances go before the next round allocates its own
 
 
 def estimate_rounds(name: str, rounds: Rounds, threshold: float, *, timer: str,

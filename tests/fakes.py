@@ -19,6 +19,21 @@ class FakeClock:
         self.now += int(round(ms * MS))
 
 
+SHARED_CLOCK = FakeClock()  # one clock for both revisions of a side-by-side test (this module is shared)
+
+
+def work_on_shared_clock(ms: float):
+    """A step that takes about `ms` on the shared fake clock: +-2% of deterministic jitter per call, so
+    rounds differ as they do on a real machine (the jitter runs on across instances)."""
+    def fn():
+        _JITTER["n"] += 1
+        SHARED_CLOCK.advance_ms(ms * (1 + 0.02 * (((_JITTER["n"] * 7919) % 11) - 5) / 5))
+    return fn
+
+
+_JITTER = {"n": 0}
+
+
 class FakeGPU:
     """A one-stream GPU: launches queue work, events mark the stream, synchronize waits for it.
 

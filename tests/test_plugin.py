@@ -271,3 +271,77 @@ def test_ref(bench):
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*reference 'linear_sgd': the current code no longer matches*",
                               "*step?0?.output.loss*exceeds tolerance*", "*first divergent step: 0*"])
+
+
+AGAINST_V1 = '''
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+def test_alpha(bench):
+    bench.run(Scenario("alpha", ("forward",)), work_on_shared_clock(2.0), clock=SHARED_CLOCK)
+
+def test_beta(bench):
+    bench.run(Scenario("beta", ("forward",)), work_on_shared_clock(3.0), clock=SHARED_CLOCK)
+
+def test_gamma(bench):
+    raise RuntimeError("broken in the old revision")
+'''
+
+AGAINST_V2 = AGAINST_V1.replace("work_on_shared_clock(2.0)", "work_on_shared_clock(4.0)").replace(
+    'raise RuntimeError("broken in the old revision")',
+    'bench.run(Scenario("gamma", ("forward",)), work_on_shared_clock(1.0), clock=SHARED_CLOCK)') + '''
+def test_delta(bench):
+    bench.run(Scenario("delta", ("forward",)), work_on_shared_clock(1.0), clock=SHARED_CLOCK)
+'''
+
+
+@pytest.fixture
+def against_repo(bt):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=bt.path, check=True, capture_output=True,
+                       env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+                            "GIT_COMMITTER_EMAIL": "t@example.invalid", "HOME": str(bt.path), "PATH": "/usr/bin:/bin"})
+    git("init", "-q")
+    bt.makepyfile(test_sides_inner=AGAINST_V1)
+    git("add", "-A")
+    git("commit", "-qm", "v1")
+    bt.makepyfile(test_sides_inner=AGAINST_V2)   # uncommitted: the working tree is the candidate
+    return bt
+
+
+def test_against_a_revision_fails_only_the_slower_scenario_and_reports_one_sided_ones(against_repo):
+    res = against_repo.runpytest("--bench-against", "HEAD", "--bench-rounds", "5", "--bench-pairs", "3")
+    res.assert_outcomes(passed=3, failed=1)
+    res.stdout.fnmatch_lines(["scenario 'alpha': slower against revision 'HEAD': significant*",
+                              "*FAILED test_sides_inner.py::test_alpha*"])
+    out = res.stdout.str()
+    assert "gamma: not compared: HEAD (" in out and "broken in the old revision" in out
+    assert "delta: measured on the current tree only: test_delta does not exist in HEAD" in out
+    assert "dirty (diff sha256" in out and "5 rounds x 3 pairs" in out
+    (path,) = (against_repo.path / ".bench" / "results").glob("session-*.json")
+    doc = json.loads(path.read_text())
+    ag = doc["against"]
+    assert ag["current"]["dirty"] and len(ag["baseline"]["commit"]) == 40
+    rows = {r["scenario"]: r for r in ag["scenarios"]}
+    assert set(rows) == {"alpha", "beta"}
+    alpha = rows["alpha"]
+    assert alpha["comparison"]["verdict"] == "slower" and alpha["comparison"]["ratio"] == pytest.approx(2.0, rel=0.03)
+    assert len(alpha["rounds"]["samples_host_gpu_ms"]["baseline"]) == 5
+    code = alpha["code"]
+    assert code["baseline"]["code_from_revision"] is True
+    assert code["baseline"]["test_file_sha256"] != code["current"]["test_file_sha256"]
+    assert rows["beta"]["comparison"]["verdict"] != "slower"
+    assert {"slower", "unchanged", "inconclusive"} >= {c["verdict"] for c in doc["comparisons"]}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--bench-against", "no-such-rev"], "*revision 'no-such-rev' is unknown here*"),
+    (["--bench-against", "HEAD", "--bench-compare", "main"], "*does not mix with a stored baseline*"),
+    (["--bench-against", "HEAD", "--bench-rounds", "2"], "*--bench-rounds must be >= 3*"),
+])
+def test_against_usage_errors_stop_the_session_before_any_work(against_repo, args, needle):
+    res = against_repo.runpytest(*args)
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines([needle])

@@ -1,0 +1,178 @@
+"""Loading another git revision beside the current code: real throwaway repositories, real commits."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bench_core.revisions import LoadedRevision, RevisionError, resolve, working_tree
+
+
+def git(root, *args):
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@example.invalid", "HOME": str(root), "PATH": "/usr/bin:/bin"})
+
+
+def write(root: Path, files: dict):
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+
+
+def project(version: int) -> dict:
+    """A small project whose every kind of import gives away which revision it came from."""
+    return {
+        "mypkg/__init__.py": f"VERSION = {version}\n",
+        "mypkg/core.py": """
+            from . import helpers              # relative import
+            from .helpers import scale
+            CACHE = {}                          # a module-level cache: one per revision
+
+            def compute(x):
+                CACHE[x] = scale(x)
+                return CACHE[x]
+
+            def lazy():
+                import mypkg.late               # a lazy import inside a function, run later
+                return mypkg.late.WHO
+            """,
+        "mypkg/helpers.py": f"def scale(x):\n    return x * {version}\n",
+        "mypkg/late.py": f"WHO = 'v{version}'\n",
+        "benchmarks/models.py": f"FACTOR = {version}\n",
+        "benchmarks/test_thing.py": """
+            import mypkg
+            from mypkg.core import compute, lazy
+            from models import FACTOR
+            import bench_core
+
+            def which():
+                return mypkg.VERSION, compute(10), lazy(), FACTOR, bench_core
+            """,
+    }
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q")
+    write(root, project(1))
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "v1")
+    write(root, project(2))
+    git(root, "commit", "-qam", "v2")
+    # the current code imported the usual way, as pytest and a conftest would put it on sys.path
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    for name in ("mypkg", "mypkg.core", "mypkg.helpers", "mypkg.late", "models", "test_thing"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    yield root
+    for name in [n for n in sys.modules if n.split(".")[0] in ("mypkg", "models", "test_thing")]:
+        del sys.modules[name]
+
+
+def test_each_kind_of_import_resolves_to_its_own_revision(repo):
+    import test_thing
+
+    loaded = LoadedRevision(repo, "HEAD~1")
+    try:
+        theirs = loaded.module_for(repo / "benchmarks" / "test_thing.py")
+        v, computed, late, factor, engine = theirs.which()
+        assert (v, computed, late, factor) == (1, 10, "v1", 1)
+        mine = test_thing.which()
+        assert mine[:4] == (2, 20, "v2", 2)
+        assert engine is mine[4] is sys.modules["bench_core"]          # the engine is shared, never aliased
+        caches = (sys.modules["mypkg.core"].CACHE, sys.modules[f"{loaded.importer.alias}.mypkg.core"].CACHE)
+        assert caches == ({10: 20}, {10: 10})                            # one module-level cache per side
+        assert loaded.ran_from_revision(theirs.which) and not loaded.ran_from_revision(test_thing.which)
+        mods = loaded.loaded_modules()
+        assert {"mypkg", "mypkg.core", "mypkg.helpers", "mypkg.late", "models"} <= set(mods)
+        assert all(len(h) == 64 for h in mods.values())
+    finally:
+        loaded.close()
+    assert not [n for n in sys.modules if n.startswith(loaded.importer.alias)]
+    assert loaded.importer not in sys.meta_path and not loaded.root.exists()
+
+
+def test_the_users_tree_and_git_state_are_untouched(repo):
+    (repo / "mypkg" / "helpers.py").write_text("def scale(x):\n    return x * 3\n")   # uncommitted work
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
+    loaded = LoadedRevision(repo, "HEAD~1")
+    loaded.close()
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout == before
+    assert subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout == worktrees
+    assert (repo / "mypkg" / "helpers.py").read_text().endswith("* 3\n")
+    cur = working_tree(repo)
+    assert cur.dirty and len(cur.diff_sha256) == 64     # which uncommitted changes ran is recorded
+
+
+@pytest.mark.parametrize("rev, needle", [("no-such-branch", "unknown here"), ("", "needs a git revision"),
+                                         ("--all", "needs a git revision")])
+def test_bad_revisions_say_what_to_do(repo, rev, needle):
+    with pytest.raises(RevisionError, match=needle):
+        resolve(repo, rev)
+
+
+def test_a_shallow_clone_says_how_to_fetch_history(repo, tmp_path):
+    shallow = tmp_path / "shallow"
+    git(tmp_path, "clone", "-q", "--depth", "1", f"file://{repo}", str(shallow))
+    with pytest.raises(RevisionError, match="shallow clone.*fetch-depth: 0"):
+        resolve(shallow, "HEAD~1")
+
+
+def test_outside_git_is_refused(tmp_path):
+    with pytest.raises(RevisionError, match="not inside a git repository"):
+        LoadedRevision(tmp_path, "HEAD")
+
+
+def test_a_file_missing_from_the_revision_is_named(repo):
+    write(repo, {"benchmarks/test_new.py": "X = 1\n"})
+    loaded = LoadedRevision(repo, "HEAD~1")
+    try:
+        with pytest.raises(RevisionError, match="benchmarks/test_new.py does not exist in HEAD~1"):
+            loaded.module_for(repo / "benchmarks" / "test_new.py")
+    finally:
+        loaded.close()
+
+
+def test_a_compiled_extension_is_refused_with_the_reason(repo):
+    write(repo, {"benchmarks/test_ext.py": "import fastext\n"})
+    (repo / "fastext.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "ext")
+    loaded = LoadedRevision(repo, "HEAD")
+    try:
+        loaded.importer.local.add("fastext")
+        with pytest.raises(RevisionError, match="compiled extension.*cannot be loaded twice"):
+            loaded.module_for(repo / "benchmarks" / "test_ext.py")
+    finally:
+        loaded.close()
+
+
+def test_a_torch_library_registration_on_both_sides_fails_loudly(repo):
+    import torch
+
+    ns = f"bench_rev_test_{id(repo) % 100000}"
+    write(repo, {"benchmarks/test_op.py": f"""
+        import torch
+        LIB = torch.library.Library("{ns}", "DEF")
+        LIB.define("twice(Tensor x) -> Tensor")
+        """})
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "op")
+    import importlib
+
+    sys.modules.pop("test_op", None)
+    importlib.import_module("test_op")      # the current tree registers the operator
+    loaded = LoadedRevision(repo, "HEAD")
+    try:
+        with pytest.raises(RuntimeError):
+            loaded.module_for(repo / "benchmarks" / "test_op.py")   # the revision cannot register it again
+        assert hasattr(torch.ops, ns)
+    finally:
+        loaded.close()
+        sys.modules.pop("test_op", None)

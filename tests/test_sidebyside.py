@@ -1,0 +1,138 @@
+"""Side-by-side rounds with a fake clock: exact arithmetic, instance bias inside the interval, failures by side."""
+import math
+
+import numpy as np
+import pytest
+
+from bench_core.backends import CpuBackend
+from bench_core.compare import FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED, GateConfig, decide_family
+from bench_core.errors import ScenarioError
+from bench_core.sampling import Sampler
+from bench_core.scenario import Scenario
+from bench_core.sidebyside import Instance, SideError, estimate_rounds, run_rounds
+from fakes import FakeClock
+
+
+def builders(clock, base_ms, cand_ms, bias=None, log=None):
+    """Each build is a fresh instance whose calls take its side's time times this instance's own bias."""
+    bias = bias or (lambda side, r: 1.0)
+
+    def make(side, ms):
+        def build(r):
+            k = bias(side, r)
+            if log is not None:
+                log.append((side, r))
+            return Instance(lambda: clock.advance_ms(ms * k))
+        return build
+    return {"baseline": make("baseline", base_ms), "candidate": make("candidate", cand_ms)}
+
+
+def test_a_known_ratio_is_estimated_exactly_and_samples_are_per_round():
+    clock = FakeClock()
+    res = run_rounds(builders(clock, 2.0, 2.2), Sampler("s", CpuBackend(), clock), rounds=4, pairs=3, warmup=1)
+    assert len(res.baseline) == len(res.candidate) == 4
+    assert all(len(r) == 3 for r in res.baseline)
+    assert {x.host_ms for r in res.baseline for x in r} == {2.0}
+    assert res.round_log_ratios == pytest.approx([math.log(1.1)] * 4)
+    assert len(res.cold["baseline"]) == 4   # one first call per round, kept apart
+
+
+def test_every_round_builds_both_sides_anew():
+    clock, log = FakeClock(), []
+    run_rounds(builders(clock, 1.0, 1.0, log=log), Sampler("s", CpuBackend(), clock), rounds=5, pairs=2)
+    assert sorted(log) == sorted((s, r) for s in ("baseline", "candidate") for r in range(5))
+
+
+def test_order_within_pairs_is_random_but_seeded():
+    def order(seed):
+        clock, seen = FakeClock(), []
+        b = {s: (lambda s: lambda r: Instance(lambda: seen.append(s)))(s) for s in ("baseline", "candidate")}
+        run_rounds(b, Sampler("s", CpuBackend(), clock), rounds=3, pairs=6, warmup=0, seed=seed)
+        return seen
+    first = order(1)
+    assert first == order(1) and first != order(2)
+    firsts = first[::2]
+    assert 0 < firsts.count("baseline") < len(firsts)   # neither side always goes first
+
+
+def decide(res, threshold=0.02, **kw):
+    est = estimate_rounds("s", res, threshold, timer="host", **kw)
+    return decide_family([est], GateConfig(threshold=threshold))[0]
+
+
+def test_instance_bias_lands_in_the_interval_not_in_the_answer():
+    # identical code; each instance carries its own persistent bias of up to +-6%, as measured on this machine
+    rng = np.random.default_rng(3)
+    biases = {(s, r): float(np.exp(rng.normal(0, 0.04))) for s in ("baseline", "candidate") for r in range(12)}
+    clock = FakeClock()
+    res = run_rounds(builders(clock, 5.0, 5.0, bias=lambda s, r: biases[(s, r)]),
+                     Sampler("s", CpuBackend(), clock), rounds=12, pairs=4)
+    c = decide(res)
+    assert c.verdict not in (SLOWER, FASTER)
+    assert c.ci_low < 1.0 < c.ci_high
+    spread = np.std([math.log(biases[("candidate", r)] / biases[("baseline", r)]) for r in range(12)], ddof=1)
+    assert c.se == pytest.approx(spread / math.sqrt(12), rel=1e-6)   # the round spread, not the pair spread (0)
+    assert c.df == 11 and c.baseline_runs == 12
+
+
+def test_a_real_slowdown_through_the_bias_is_slower_and_a_speedup_faster():
+    rng = np.random.default_rng(4)
+    biases = {(s, r): float(np.exp(rng.normal(0, 0.01))) for s in ("baseline", "candidate") for r in range(10)}
+    for cand, verdict in ((5.5, SLOWER), (4.5, FASTER)):
+        clock = FakeClock()
+        res = run_rounds(builders(clock, 5.0, cand, bias=lambda s, r: biases[(s, r)]),
+                         Sampler("s", CpuBackend(), clock), rounds=10, pairs=4)
+        c = decide(res)
+        assert c.verdict == verdict, c.reason
+        assert c.ci_low < cand / 5.0 < c.ci_high
+
+
+def test_identical_quiet_sides_are_unchanged_and_a_flat_clock_is_inconclusive():
+    rng = np.random.default_rng(5)
+    biases = {(s, r): float(np.exp(rng.normal(0, 0.002))) for s in ("baseline", "candidate") for r in range(10)}
+    clock = FakeClock()
+    res = run_rounds(builders(clock, 5.0, 5.0, bias=lambda s, r: biases[(s, r)]),
+                     Sampler("s", CpuBackend(), clock), rounds=10, pairs=2)
+    assert decide(res).verdict == UNCHANGED
+    clock = FakeClock()
+    flat = run_rounds(builders(clock, 5.0, 5.0), Sampler("s", CpuBackend(), clock), rounds=5, pairs=2)
+    c = decide(flat)
+    assert c.verdict == INCONCLUSIVE and "same ratio" in c.reason
+
+
+def test_zero_time_samples_and_different_scenarios_are_not_decided():
+    clock = FakeClock()
+    res = run_rounds(builders(clock, 0.0, 1.0), Sampler("s", CpuBackend(), clock), rounds=3, pairs=2)
+    assert decide(res).verdict == INCONCLUSIVE
+    diff = {"metadata.dtype": ("float32", "bfloat16")}
+    c = decide(res, differences=diff)
+    assert c.verdict == INCOMPARABLE and "dtype" in c.reason
+
+
+@pytest.mark.parametrize("failing", ["baseline", "candidate"])
+def test_a_failure_names_its_side(failing):
+    clock = FakeClock()
+    b = builders(clock, 1.0, 1.0)
+
+    def boom():
+        raise RuntimeError("kaput")
+
+    good = b[failing]
+    b[failing] = lambda r: Instance(boom) if r == 1 else good(r)
+    with pytest.raises(SideError, match="kaput") as info:
+        run_rounds(b, Sampler("s", CpuBackend(), clock), rounds=3, pairs=2)
+    assert info.value.side == failing and isinstance(info.value, ScenarioError)
+
+
+def test_the_scenario_record_of_each_side_is_kept():
+    clock = FakeClock()
+    sc = {"baseline": Scenario("s", ("forward",), {"dtype": "float32"}),
+          "candidate": Scenario("s", ("forward",), {"dtype": "bfloat16"})}
+    b = {s: (lambda s: lambda r: Instance(lambda: clock.advance_ms(1.0), scenario=sc[s]))(s) for s in sc}
+    res = run_rounds(b, Sampler("s", CpuBackend(), clock), rounds=3, pairs=1)
+    assert res.scenarios == sc
+
+
+def test_too_few_rounds_are_refused():
+    with pytest.raises(ValueError, match="at least 3 rounds"):
+        run_rounds(builders(FakeClock(), 1, 1), Sampler("s", CpuBackend(), FakeClock()), rounds=2, pairs=3)
