@@ -55,18 +55,24 @@ def test_order_within_pairs_is_random_but_seeded():
     assert 0 < firsts.count("baseline") < len(firsts)   # neither side always goes first
 
 
+def biased_run(seed, sd, cand_ms, rounds, pairs, base_ms=5.0):
+    """Rounds whose instances each carry a persistent bias, log-normal with this sd; returns (rounds, biases)."""
+    rng = np.random.default_rng(seed)
+    biases = {(s, r): float(np.exp(rng.normal(0, sd))) for s in ("baseline", "candidate") for r in range(rounds)}
+    clock = FakeClock()
+    res = run_rounds(builders(clock, base_ms, cand_ms, bias=lambda s, r: biases[(s, r)]),
+                     Sampler("s", CpuBackend(), clock), rounds=rounds, pairs=pairs)
+    return res, biases
+
+
 def decide(res, threshold=0.02, **kw):
     est = estimate_rounds("s", res, threshold, timer="host", **kw)
     return decide_family([est], GateConfig(threshold=threshold))[0]
 
 
 def test_instance_bias_lands_in_the_interval_not_in_the_answer():
-    # identical code; each instance carries its own persistent bias of up to +-6%, as measured on this machine
-    rng = np.random.default_rng(3)
-    biases = {(s, r): float(np.exp(rng.normal(0, 0.04))) for s in ("baseline", "candidate") for r in range(12)}
-    clock = FakeClock()
-    res = run_rounds(builders(clock, 5.0, 5.0, bias=lambda s, r: biases[(s, r)]),
-                     Sampler("s", CpuBackend(), clock), rounds=12, pairs=4)
+    # identical code; each instance carries its own persistent bias of a few percent, as measured on this machine
+    res, biases = biased_run(3, 0.04, 5.0, rounds=12, pairs=4)
     c = decide(res)
     assert c.verdict not in (SLOWER, FASTER)
     assert c.ci_low < 1.0 < c.ci_high
@@ -76,24 +82,14 @@ def test_instance_bias_lands_in_the_interval_not_in_the_answer():
 
 
 def test_a_real_slowdown_through_the_bias_is_slower_and_a_speedup_faster():
-    rng = np.random.default_rng(4)
-    biases = {(s, r): float(np.exp(rng.normal(0, 0.01))) for s in ("baseline", "candidate") for r in range(10)}
     for cand, verdict in ((5.5, SLOWER), (4.5, FASTER)):
-        clock = FakeClock()
-        res = run_rounds(builders(clock, 5.0, cand, bias=lambda s, r: biases[(s, r)]),
-                         Sampler("s", CpuBackend(), clock), rounds=10, pairs=4)
-        c = decide(res)
+        c = decide(biased_run(4, 0.01, cand, rounds=10, pairs=4)[0])
         assert c.verdict == verdict, c.reason
         assert c.ci_low < cand / 5.0 < c.ci_high
 
 
 def test_identical_quiet_sides_are_unchanged_and_a_flat_clock_is_inconclusive():
-    rng = np.random.default_rng(5)
-    biases = {(s, r): float(np.exp(rng.normal(0, 0.002))) for s in ("baseline", "candidate") for r in range(10)}
-    clock = FakeClock()
-    res = run_rounds(builders(clock, 5.0, 5.0, bias=lambda s, r: biases[(s, r)]),
-                     Sampler("s", CpuBackend(), clock), rounds=10, pairs=2)
-    assert decide(res).verdict == UNCHANGED
+    assert decide(biased_run(5, 0.002, 5.0, rounds=10, pairs=2)[0]).verdict == UNCHANGED
     clock = FakeClock()
     flat = run_rounds(builders(clock, 5.0, 5.0), Sampler("s", CpuBackend(), clock), rounds=5, pairs=2)
     c = decide(flat)
