@@ -60,7 +60,7 @@ def pytest_addoption(parser):
     g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
     g.addoption(OPT_AGAINST, metavar="REV", default=None,
                 help="measure every scenario side by side with git revision REV in this run, and decide each")
-    g.addoption(OPT_ROUNDS, type=int, default=None, help="with --bench-against: rounds of fresh instances (10)")
+    g.addoption(OPT_ROUNDS, type=int, default=None, help="with --bench-against: rounds of fresh instances (12)")
     g.addoption(OPT_PAIRS, type=int, default=None, help="with --bench-against: alternated pairs per round (4)")
     g.addoption(OPT_PB_JSON, default=None, help="also write the results in pytest-benchmark's JSON format here")
     g.addoption(OPT_REF_SAVE, action="store_true",
