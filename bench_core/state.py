@@ -71,6 +71,38 @@ def content_hash(obj: Any) -> str:
     return h.hexdigest()
 
 
+# Python's and NumPy's global generators are seeded from the OS at start-up unless a program seeds them, so
+# the same model and batches would hash differently in every process. They are restored, not hashed.
+UNHASHED_RNG = ("python", "numpy")
+
+
+def state_hash(payload: Mapping[str, Any], version: int) -> str:
+    """The identity of a starting state: its content, minus what differs between processes by chance."""
+    if version < 2:  # version 1 files hashed everything
+        return content_hash(payload)
+    rng = {k: v for k, v in payload["rng"].items() if k not in UNHASHED_RNG}
+    return content_hash({**payload, "rng": rng})
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer | None) -> list[dict]:
+    """Every parameter group's settings (lr, betas, foreach, fused...), without its parameters."""
+    if optimizer is None:
+        return []
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def settings_differences(base: list[dict], cand: list[dict]) -> list[str]:
+    """'group 0: lr 0.001 -> 0.00101' for every setting that differs, in group order."""
+    out = []
+    if len(base) != len(cand):
+        out.append(f"parameter groups: {len(base)} -> {len(cand)}")
+    for i, (a, b) in enumerate(zip(base, cand)):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key, "<unset>") != b.get(key, "<unset>"):
+                out.append(f"group {i}: {key} {a.get(key, '<unset>')!r} -> {b.get(key, '<unset>')!r}")
+    return out
+
+
 def _capture_rng() -> dict:
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     try:
@@ -86,6 +118,7 @@ def _capture_rng() -> dict:
 
 
 def _restore_rng(rng: Mapping) -> None:
+    # a state moved to a device (load(map_location=...)) keeps its RNG states on the CPU, where they belong
     random.setstate(_python_state(rng["python"]))
     torch.set_rng_state(rng["torch"].cpu())
     if "numpy" in rng:
@@ -137,14 +170,19 @@ def _describe(obj: Any, prefix: str, out: dict) -> dict:
     return out
 
 
+STATE_VERSION = 2  # what `capture` makes: see storage's history of the starting-state file
+
+
 class StartingState:
-    """Model and optimizer state, RNG states, numeric flags and input batches, as deep copies."""
+    """Model and optimizer state, gradients, train/eval modes, RNG states, numeric flags and input batches,
+    as deep copies. Two runs of any step from one state are bitwise equal on the CPU."""
 
-    __slots__ = ("_payload", "_hash")
+    __slots__ = ("_payload", "_hash", "_version")
 
-    def __init__(self, payload: Mapping[str, Any], _known_hash: str | None = None):
+    def __init__(self, payload: Mapping[str, Any], _known_hash: str | None = None, _version: int = STATE_VERSION):
         self._payload = payload
-        self._hash = _known_hash or content_hash(payload)
+        self._version = _version
+        self._hash = _known_hash or state_hash(payload, _version)
 
     # -- capture and restore ---------------------------------------------------------------------
     @classmethod
@@ -155,6 +193,8 @@ class StartingState:
             raise ValueError("a starting state needs at least one input batch")
         return cls({
             "model": clone_tensors(model.state_dict()),
+            "grads": {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()},
+            "modes": {n: m.training for n, m in model.named_modules()},
             "optimizer": clone_tensors(optimizer.state_dict()) if optimizer is not None else None,
             "rng": clone_tensors(_capture_rng()),
             "flags": _capture_flags(),
@@ -162,21 +202,41 @@ class StartingState:
         })
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                device: str | torch.device | None = None) -> list[Any]:
-        """Put model, optimizer, RNG and flags back; return fresh copies of the batches (on `device`)."""
+                device: str | torch.device | None = None, *, keep_optimizer_settings: bool = False) -> list[Any]:
+        """Put model, gradients, train/eval modes, optimizer state, RNG and flags back; return fresh copies
+        of the batches (on `device`).
+
+        The optimizer gets the saved per-parameter state (moments, step counts). Its settings (lr, betas,
+        foreach, fused...) are the saved ones, unless `keep_optimizer_settings`: then the optimizer keeps
+        the settings it was built with, as a candidate that builds its own optimizer must.
+        """
         p = self._payload
         model.load_state_dict(clone_tensors(p["model"]))
         if device is not None:
             model.to(device)
+        self._restore_grads_and_modes(model)
         if optimizer is not None:
             if p["optimizer"] is None:
                 raise ValueError("this starting state holds no optimizer state")
+            saved = clone_tensors(p["optimizer"])
+            if keep_optimizer_settings:
+                saved["param_groups"] = _own_settings(saved["param_groups"], optimizer.param_groups)
             # Handed over on the CPU: load_state_dict moves each state tensor to its parameter's device
             # and keeps `step` where the optimizer wants it (on the CPU unless capturable or fused).
-            optimizer.load_state_dict(_to(clone_tensors(p["optimizer"]), "cpu"))
+            optimizer.load_state_dict(_to(saved, "cpu"))
         _restore_rng(p["rng"])
         _restore_flags(p["flags"])
         return _to(clone_tensors(p["batches"]), device)
+
+    def _restore_grads_and_modes(self, model: torch.nn.Module) -> None:
+        p = self._payload
+        grads = p.get("grads")  # version 1 files have none: every gradient starts empty
+        for name, param in model.named_parameters():
+            g = (grads or {}).get(name)
+            param.grad = None if g is None else g.detach().clone().to(param.device)
+        for name, module in model.named_modules():
+            if name in p.get("modes", {}):
+                module.training = p["modes"][name]   # this module alone: train() would recurse
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -190,7 +250,7 @@ class StartingState:
 
     def intact(self) -> bool:
         """True when nothing has changed the saved tensors since capture."""
-        return content_hash(self._payload) == self._hash
+        return state_hash(self._payload, self._version) == self._hash
 
     def metadata(self) -> dict:
         p = self._payload
@@ -200,24 +260,37 @@ class StartingState:
             "model": _describe(p["model"], "", {}),
             "batches": _describe(p["batches"], "batches", {}),
             "has_optimizer": p["optimizer"] is not None,
+            "hash_excludes": [f"rng.{k}" for k in UNHASHED_RNG] if self._version >= 2 else [],
             "flags": dict(p["flags"]),
         }
 
     # -- files -----------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        return storage.write_state(Path(path), self._payload, self.metadata(), self._hash, overwrite=overwrite)
+        return storage.write_state(Path(path), self._payload, self.metadata(), self._hash, self._version,
+                                   overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike, map_location: str | torch.device | None = None) -> "StartingState":
         """Read a saved state; a damaged or foreign file is refused. `map_location` moves it to a device."""
         path = Path(path)
         doc = storage.read_state(path)
-        checked = content_hash(doc["payload"])  # verified on the CPU, before any move
+        version = doc["schema_version"]
+        checked = state_hash(doc["payload"], version)  # verified on the CPU, before any move
         if checked != doc.get("hash"):
             raise StorageError(path, "content hash does not match: the file was changed or damaged", field="hash")
-        state = cls(_to(doc["payload"], map_location), _known_hash=checked)
+        payload = {k: v if k == "rng" else _to(v, map_location) for k, v in doc["payload"].items()}
+        state = cls(payload, _known_hash=checked, _version=version)
         saved_torch = doc.get("meta", {}).get("torch")
         if saved_torch and saved_torch.split(".")[:2] != torch.__version__.split(".")[:2]:
             raise StorageError(path, f"saved with torch {saved_torch}, running {torch.__version__}",
                                field="meta.torch", hint="results across torch versions are not comparable")
         return state
+
+
+def _own_settings(saved_groups: list[dict], own_groups: list[dict]) -> list[dict]:
+    """The saved groups' parameter indices with the optimizer's own settings."""
+    if len(saved_groups) != len(own_groups):
+        raise ValueError(f"the saved optimizer has {len(saved_groups)} parameter group(s), this optimizer "
+                         f"{len(own_groups)}: build the candidate's optimizer with the same groups, in the same order")
+    return [{**{k: v for k, v in own.items() if k != "params"}, "params": saved["params"]}
+            for saved, own in zip(saved_groups, own_groups)]

@@ -89,9 +89,12 @@ def test_foreach_optimizer(bench):
     fast = Variant(plain_step, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True), name="adamw_foreach")
     rep = bench.validate(loop, fast, state, model, steps=3)
     assert rep.ok, rep.table()
+    assert "group 0: foreach False -> True" in rep.optimizer_changes   # the candidate's own flag survived restore
     ma, _ = _fresh(bench, d, h, layers)
     mb, _ = _fresh(bench, d, h, layers)
-    bench.ab("optimizer: loop vs foreach", bind(loop, state, ma), bind(fast, state, mb), validation=rep)
+    res = bench.ab("optimizer: loop vs foreach", bind(loop, state, ma), bind(fast, state, mb), validation=rep)
+    ran = {side: res.identities[side]["optimizer_settings"]["group 0"]["foreach"] for side in ("baseline", "candidate")}
+    assert ran == {"baseline": "False", "candidate": "True"}, ran   # the record shows which path each side ran
 
 
 # -- 3. only correct within a looser, declared tolerance: bfloat16 autocast ---------------------------

@@ -87,7 +87,7 @@ def test_save_load_round_trip_and_refusals(tmp_path):
     assert back.metadata()["batches"]["batches[0][0]"] == {"shape": [5, 6], "dtype": "torch.float32", "device": "cpu"}
     data = path.read_bytes()
     (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(StorageError, match="cannot read the starting state"):
+    with pytest.raises(StorageError, match="is not a readable starting state"):
         StartingState.load(tmp_path / "cut.pt")
     torch.save({"format": "bench_core.state", "schema_version": 1, "hash": "0" * 64,
                 "payload": {"model": {}, "batches": [torch.ones(1)]}}, tmp_path / "forged.pt")
@@ -210,3 +210,171 @@ def test_reference_file_across_commits(tmp_path):
     rep = check_reference(ref, changed, model, opt)
     assert not rep.ok and rep.first_divergent_step == 0
 
+
+
+# -- a wrong candidate cannot pass: optimizer settings, gradients, modes, in-place writes (issue 9) ------------
+def _plain(model, opt, batch):
+    x, y = batch
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return {"loss": loss}
+
+
+def test_a_candidates_own_optimizer_settings_are_kept_and_a_changed_lr_fails_by_name():
+    model, opt, state = _captured()
+    cand = Variant(_plain, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1.01e-2), name="lr+1%")
+    rep = validate(_plain, cand, state, model, opt, steps=2)
+    assert not rep.ok
+    assert "group 0: lr 0.01 -> 0.0101" in rep.optimizer_changes
+    assert "optimizer setting: group 0: lr 0.01 -> 0.0101" in rep.table()
+
+
+@pytest.mark.parametrize("flag", ["foreach", "fused"])
+def test_a_real_change_of_implementation_passes_and_really_runs(flag):
+    model, opt, state = _captured()
+    built = []
+
+    def factory(ps):
+        built.append(torch.optim.AdamW(ps, lr=1e-2, **{flag: True}))
+        return built[-1]
+
+    loop = Variant(_plain, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False), name="loop")
+    rep = validate(loop, Variant(_plain, optimizer=factory, name=flag), state, model, steps=3,
+                   tolerance=Tolerance(1e-5, 1e-6))
+    assert rep.ok, rep.table()
+    assert built[-1].param_groups[0][flag] is True             # restore kept the flag it was built with
+    assert any(c.startswith(f"group 0: {flag} ") for c in rep.optimizer_changes)
+
+
+def test_a_group_count_mismatch_names_both_sides():
+    model, opt, state = _captured()
+    two = Variant(_plain, optimizer=lambda ps: torch.optim.AdamW(
+        [{"params": [p for n, p in ps.named() if n.startswith("0.")]},
+         {"params": [p for n, p in ps.named() if not n.startswith("0.")], "lr": 1e-3}], lr=1e-2))
+    with pytest.raises(ValueError, match="saved optimizer has 1 parameter group.*this optimizer 2"):
+        validate(_plain, two, state, model, opt)
+
+
+def _end_zero(model, opt, batch):
+    x, y = batch
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()          # reordered: gradients cleared at the end, not the start
+    return {"loss": loss}
+
+
+def test_gradients_are_part_of_the_state_so_a_reordered_zero_grad_passes():
+    model, opt, state = _captured()
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 7.0)   # whatever a previous run left behind
+    rep = validate(_plain, _end_zero, state, model, opt, steps=3)
+    assert rep.ok, rep.table()       # before gradients were part of the state, it diverged at step 0
+    assert any("final gradient(s) exist in the baseline only" in n for n in rep.notes)
+
+
+def test_two_runs_of_any_step_from_one_state_are_bitwise_equal_whatever_ran_before():
+    model, opt, state = _captured()
+    validate(_end_zero, _end_zero, state, model, opt, steps=2)      # leaves gradients as None
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    rep = validate(_end_zero, _end_zero, state, model, opt, steps=2)
+    assert rep.ok and all(k.bitwise for k in rep.kinds), rep.table()
+
+
+def test_train_eval_modes_are_restored_so_a_candidate_that_sets_eval_cannot_leak():
+    model, opt, state = _captured()
+    seen = []
+
+    def sets_eval(model, opt, batch):
+        out = _plain(model, opt, batch)
+        model.eval()
+        return out
+
+    def records_mode(model, opt, batch):
+        seen.append(all(m.training for m in model.modules()))
+        return _plain(model, opt, batch)
+
+    bad = validate(_plain, sets_eval, state, model, opt, steps=3)
+    assert not bad.ok and bad.first_divergent_step == 1   # dropout off from step 1: caught
+    validate(records_mode, records_mode, state, model, opt, steps=2)
+    assert seen == [True] * 4
+
+
+@pytest.mark.parametrize("write", ["add_zero", "copy_self"])
+def test_an_in_place_write_that_keeps_the_values_is_seen_and_located(write):
+    model, opt, state = _captured()
+
+    def sneaky(model, opt, batch):
+        x, y = batch
+        if write == "add_zero":
+            x.add_(0)
+        else:
+            x.copy_(x)
+        return _plain(model, opt, batch)
+
+    rep = validate(_plain, sneaky, state, model, opt, steps=1)
+    assert not rep.ok
+    assert rep.mutations == (f"batch 0[0] was written in place by {sneaky.__qualname__} (same values; its version "
+                             f"counter moved)",)
+
+
+def test_a_step_can_learn_its_index():
+    model, opt, state = _captured()
+
+    def nan_at_two(model, opt, batch, step_index):
+        out = _plain(model, opt, batch)
+        if step_index == 2:
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    rep = validate(_plain, nan_at_two, state, model, opt, steps=4)
+    assert rep.first_divergent_step == 2
+    assert [d.problem for d in rep.diffs if d.step == 2] == ["non-finite in candidate"]
+
+
+def test_tolerances_per_kind_pass_a_noisy_output_and_still_fail_a_wrong_lr():
+    from bench_core.correctness import Tolerances
+
+    model, opt, state = _captured()
+
+    def noisy_logits(model, opt, batch):
+        out = _plain(model, opt, batch)
+        return {"loss": out["loss"] * (1 + 3e-3)}     # the forward moved, the update did not
+
+    loose_outputs = Tolerances(outputs=Tolerance(1e-2, 1e-2))
+    rep = validate(_plain, noisy_logits, state, model, opt, steps=2, tolerance=loose_outputs)
+    assert rep.ok, rep.table()
+    kinds = {k.kind: k for k in rep.kinds}
+    assert not kinds["outputs"].bitwise and 0 < kinds["outputs"].worst_share < 1
+    assert kinds["params"].bitwise and "params: bitwise equal" in rep.table()
+    wrong = Variant(_plain, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1.01e-2))
+    assert not validate(_plain, wrong, state, model, opt, steps=2, tolerance=loose_outputs).ok
+
+
+def test_the_state_hash_ignores_unseeded_python_and_numpy_generators():
+    model, opt, batches = _setup()
+    a = StartingState.capture(model, opt, batches)
+    random.random()
+    np.random.rand()
+    b = StartingState.capture(model, opt, batches)
+    assert a.hash == b.hash
+    assert a.metadata()["hash_excludes"] == ["rng.python", "rng.numpy"]
+    torch.rand(1)                                  # the torch generator is part of the identity
+    assert StartingState.capture(model, opt, batches).hash != a.hash
+
+
+def test_a_saved_state_keeps_grads_and_modes_across_the_file(tmp_path):
+    model, opt, batches = _setup()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    model[1].eval()
+    state = StartingState.capture(model, opt, batches)
+    back = StartingState.load(state.save(tmp_path / "s.pt"))
+    assert back.hash == state.hash
+    fresh = _setup(1)[0]
+    back.restore(fresh)
+    assert all(torch.equal(p.grad, torch.ones_like(p)) for p in fresh.parameters())
+    assert fresh.training and not fresh[1].training
