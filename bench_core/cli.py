@@ -1,6 +1,7 @@
 """Command line without pytest: `python -m bench_core compare BASELINE NEW`, `python -m bench_core show FILE`.
 
-Exit status: 0 nothing regressed, 1 something regressed (or is incomparable), 2 unusable input.
+Exit status: 0 nothing regressed, 1 something regressed, is incomparable, or failed in the new session,
+2 unusable input (a damaged file, or samples that can never give a decision).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def cmd_compare(ns) -> int:
                           allow_env_mismatch=ns.allow_env_mismatch)
         base = storage.by_scenario(_load(ns.baseline, Path(ns.baselines)))
         new = storage.by_scenario(_load(ns.new, Path(ns.baselines)))
+        failed = storage.load_errors(Path(ns.new)) if Path(ns.new).exists() else []
     except (BenchError, ValueError) as exc:
         print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -38,8 +40,16 @@ def cmd_compare(ns) -> int:
         print(json.dumps([c.to_dict() for c in comps], indent=1))
     else:
         print(comparison_table(comps, gate.alpha))
+    for e in failed:  # a scenario that errored in the new session is not "missing": it failed
+        print(f"bench_core compare: {e.get('scenario')!r} failed in the new session: {e.get('problem')}",
+              file=sys.stderr)
+    unusable = [c for c in comps if c.unusable]
+    for c in unusable:
+        print(f"bench_core compare: unusable input for {c.name!r}: {c.reason}", file=sys.stderr)
+    if unusable:
+        return EXIT_BAD_INPUT
     bad = [c for c in comps if c.verdict in (SLOWER, INCOMPARABLE)]
-    return EXIT_REGRESSED if bad else EXIT_OK
+    return EXIT_REGRESSED if bad or failed else EXIT_OK
 
 
 def cmd_show(ns) -> int:

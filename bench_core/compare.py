@@ -89,6 +89,7 @@ class Comparison:
     se: float | None = None
     adjustment: str | None = None          # how p was adjusted for the family, in words
     method: str | None = None              # what the runs are: stored-baseline runs, or side-by-side rounds
+    unusable: bool = False                 # the input can never give a decision (too few samples, a 0 ms median)
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -111,7 +112,9 @@ def scenario_differences(base: Scenario, cand: Scenario) -> dict:
 
 
 def _measurement_differences(base: Measurement, cand: Measurement) -> dict:
-    diffs = {attr: (getattr(base, attr), getattr(cand, attr)) for attr in ("device", "mode", "timer")
+    # On the CPU the thread count changes what is measured (and on a loaded machine, by 10x and more)
+    attrs = ("device", "mode", "timer") + (("threads",) if "cpu" in (base.device, cand.device) else ())
+    diffs = {attr: (getattr(base, attr), getattr(cand, attr)) for attr in attrs
              if getattr(base, attr) != getattr(cand, attr)}
     diffs.update(scenario_differences(base.scenario, cand.scenario))
     return diffs
@@ -152,14 +155,14 @@ def estimate(
     c_pool = np.concatenate([m.primary_ms for m in candidate])
     common.update(baseline_median=float(np.median(b_pool)), candidate_median=float(np.median(c_pool)))
     if np.any(b_meds <= 0) or np.any(c_meds <= 0):
-        return Comparison(verdict=INCONCLUSIVE,
+        return Comparison(verdict=INCONCLUSIVE, unusable=True,
                           reason="a run median is 0 ms (below the timer's resolution): a ratio has no meaning",
                           **common)
 
     mw_p, effect = mann_whitney(c_pool, b_pool)
     common.update(mw_p_value=mw_p, effect=effect)
     if mann_whitney_min_p(len(b_pool), len(c_pool)) > config.alpha:
-        return Comparison(verdict=INCONCLUSIVE,
+        return Comparison(verdict=INCONCLUSIVE, unusable=True,
                           reason=f"too few samples ({len(b_pool)} vs {len(c_pool)}) to ever reach p < {config.alpha}",
                           **common)
 

@@ -5,7 +5,7 @@ redacted (or refused) before it is written, under a new name, and analysed into 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,6 +76,31 @@ def check_cuda_profiling(supported: Callable[[], Any] | None = None) -> None:
                          "refusing to present a CPU-only trace as a GPU analysis")
 
 
+def operator_table(averages, kind: str, found, rows: int = 15) -> str:
+    """The profiler's per-operator averages as a table, by self device time on CUDA, self CPU time on the CPU,
+    or self CPU memory. Built here rather than by torch's `table()`, which shortens names first: a secret
+    cut in half no longer looks like one, and would be shown. Names are redacted, then shortened."""
+    from tabulate import tabulate
+
+    key = {"cuda": "self_device_time_total", "memory": "self_cpu_memory_usage"}.get(kind, "self_cpu_time_total")
+    total_cpu = sum(getattr(a, "self_cpu_time_total", 0.0) for a in averages) or 1.0
+    out = []
+    for a in sorted(averages, key=lambda a: getattr(a, key, 0) or 0, reverse=True)[:rows]:
+        label = redact(a.key, found)[0]
+        label = label if len(label) <= 60 else label[:57] + "..."
+        row = [label, f"{a.self_cpu_time_total / total_cpu:.1%}", f"{a.self_cpu_time_total:.1f}",
+               f"{a.cpu_time_total:.1f}", a.count]
+        if kind == "cuda":
+            row += [f"{a.self_device_time_total:.1f}", f"{a.device_time_total:.1f}"]
+        if kind == "memory":
+            row += [f"{a.self_cpu_memory_usage / 1024:.1f}"]
+        out.append(row)
+    headers = ["operator", "self CPU %", "self CPU us", "CPU total us", "calls"]
+    headers += {"cuda": ["self device us", "device total us"], "memory": ["self CPU KiB"]}.get(kind, [])
+    return (tabulate(out, headers=headers, disable_numparse=True) +
+            f"\nSelf CPU time total: {total_cpu / 1000:.3f} ms")
+
+
 def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Callable[[], Any] | None = None) -> ProfileResult:
     import torch
     from torch.profiler import ProfilerActivity, profile as tprofile, schedule
@@ -99,18 +124,23 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
             torch.cuda.synchronize()
     finally:
         _ACTIVE["on"] = False
-    sort = "self_cuda_time_total" if cfg.device == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort, row_limit=15)
-    if cfg.profile_memory:
-        table += "\n" + prof.key_averages().table(sort_by="self_cpu_memory_usage", row_limit=10)
+    averages = list(prof.key_averages())
     doc = storage.profiler_json(prof.export_chrome_trace)
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
     facts, rows = analyze(events)
+    # Everything this pass shows or writes goes through redaction: the trace (its metadata included), the
+    # operator table, the hypotheses, the stage names in the facts, and the scenario name that titles the
+    # report and names the file.
     clean, found = redact(doc)
-    table, _ = redact(table, found)
+    name, _ = redact(scenario, found)
+    table = operator_table(averages, cfg.device, found)
+    if cfg.profile_memory:
+        table += "\n" + operator_table(averages, "memory", found)
     shown = tuple(Hypothesis(**d) for d in redact([r.to_dict() for r in rows], found)[0])
-    if found and cfg.refuse_sensitive:
-        return ProfileResult(scenario, None, describe(found) + " (refused: no trace written)", table, facts, shown,
-                             refused=True)
-    path = storage.write_trace(cfg.folder, scenario, clean, tensorboard=cfg.tensorboard)
-    return ProfileResult(scenario, path, describe(found), table, facts, shown)
+    facts = replace(facts, stage_us={redact(k, found)[0]: v for k, v in facts.stage_us.items()},
+                    notes=tuple(redact(list(facts.notes), found)[0]))
+    if found and cfg.refuse_sensitive:  # a refusal refuses everywhere: no file, and nothing of the trace shown
+        return ProfileResult(name, None, describe(found) + " (refused: no trace written, nothing of it shown)",
+                             "(refused)", replace(facts, stage_us={}, notes=()), (), refused=True)
+    path = storage.write_trace(cfg.folder, name, clean, tensorboard=cfg.tensorboard)
+    return ProfileResult(name, path, describe(found), table, facts, shown)

@@ -111,6 +111,12 @@ def fingerprint(device: str = "cpu", root: str | None = None, torch_module: Any 
     return env
 
 
-def differences(a: Mapping[str, Any], b: Mapping[str, Any], fields=COMPARABILITY_FIELDS) -> dict:
+# On the CPU the processor itself is the device: another model or core count is another machine.
+CPU_COMPARABILITY_FIELDS = ("cpu_model", "cpu_count")
+
+
+def differences(a: Mapping[str, Any], b: Mapping[str, Any], fields=None) -> dict:
     """The comparability fields where a and b disagree, as {field: (a, b)}."""
+    if fields is None:
+        fields = COMPARABILITY_FIELDS + (CPU_COMPARABILITY_FIELDS if "cpu" in (a.get("device"), b.get("device")) else ())
     return {f: (a.get(f), b.get(f)) for f in fields if a.get(f) != b.get(f)}

@@ -8,10 +8,11 @@ as a ScenarioError that names the scenario and what was being done.
 from __future__ import annotations
 
 import gc
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from .backends import Backend
 from .errors import ScenarioError
@@ -59,6 +60,34 @@ def gc_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+@contextmanager
+def time_limit(seconds: float | None, scenario: str) -> Iterator[None]:
+    """Fail a scenario that runs longer than `seconds` (None or 0: no limit), naming it.
+
+    A SIGALRM timer, as pytest-timeout's signal method: it interrupts Python code (a loop, a sleep, a
+    queue that never answers); a single native call that never returns is interrupted when it does.
+    Only the main thread can take signals; elsewhere the scenario runs without a limit.
+    """
+    import signal
+    import threading
+
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise ScenarioError(scenario, f"ran past its time limit of {seconds:g} s and was stopped "
+                                      f"(--bench-timeout sets the limit; 0 turns it off)")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def set_threads(threads: int | None) -> int | None:
     """Fix torch's CPU thread count when asked; return the count in force either way."""
     try:
@@ -89,7 +118,7 @@ class Sampler:
 
     def sample(self, fn: Callable[[], Any], calls: int = 1, what: str = "a sample") -> Sample:
         """Time `calls` back-to-back calls of `fn`; the figures are per call."""
-        return self.call(what, lambda: self._timed(fn, calls))
+        return self.call(what, lambda: self._timed(fn, calls, what))
 
     def elapsed_ms(self, fn: Callable[[], Any], what: str) -> float:
         """Host time of one untimed-window step such as `load`, after its device work has finished."""
@@ -98,15 +127,42 @@ class Sampler:
         self.backend.synchronize()
         return (self.clock() - t0) / 1e6
 
-    def _timed(self, fn: Callable[[], Any], calls: int) -> Sample:
+    def _timed(self, fn: Callable[[], Any], calls: int, what: str) -> Sample:
         backend, clock = self.backend, self.clock
         backend.synchronize()  # earlier work must not leak into this window
         start_ev = backend.event()
         t0 = clock()
         for _ in range(calls):
-            fn()
+            out = fn()
         end_ev = backend.event()
         backend.synchronize()
         t1 = clock()
         gpu = backend.elapsed_ms(start_ev, end_ev) / calls if start_ev is not None else None
+        bad = non_finite(out)  # after the window: a step that computes NaN must not pass as fast
+        if bad is not None:
+            raise ScenarioError(self.scenario, f"{what} returned a non-finite value ({bad}): the step is broken, "
+                                               f"so its timing means nothing")
         return Sample((t1 - t0) / 1e6 / calls, gpu)
+
+
+def non_finite(value: Any, where: str = "result") -> str | None:
+    """Where a returned number or tensor (or one inside a mapping or sequence) is NaN or infinite."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where} = {value}"
+    if isinstance(value, Mapping):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - torch is a dependency
+            return None
+        if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()) and value.numel():
+            return None if bool(torch.isfinite(value).all()) else f"{where} holds NaN or infinity"
+        return None
+    for k, v in items:
+        found = non_finite(v, f"{where}[{k!r}]")
+        if found:
+            return found
+    return None

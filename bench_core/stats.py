@@ -8,6 +8,13 @@ from typing import Sequence
 import numpy as np
 from scipy import stats as _st
 
+# Resampled values held in memory at once by a bootstrap: millions of samples must not need gigabytes.
+BOOTSTRAP_CELLS = 4_000_000
+
+
+def _batch(n: int) -> int:
+    return max(1, BOOTSTRAP_CELLS // max(n, 1))
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -71,7 +78,7 @@ def bootstrap_median_ci(
     if np.all(x == x[0]):
         return float(x[0]), float(x[0])
     res = _st.bootstrap(
-        (x,), np.median, confidence_level=confidence, n_resamples=n_resamples,
+        (x,), np.median, confidence_level=confidence, n_resamples=n_resamples, batch=_batch(x.size),
         method="percentile", random_state=np.random.default_rng(seed), vectorized=True, axis=-1,
     )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
@@ -83,9 +90,11 @@ def median_log_se(samples: Sequence[float], n_resamples: int = 500, seed: int = 
     if x.size < 2 or np.all(x == x[0]) or np.any(x <= 0):
         return 0.0
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.size, size=(n_resamples, x.size))
-    meds = np.median(x[idx], axis=1)
-    return float(np.std(np.log(meds), ddof=1))
+    meds = []
+    for start in range(0, n_resamples, _batch(x.size)):
+        idx = rng.integers(0, x.size, size=(min(_batch(x.size), n_resamples - start), x.size))
+        meds.append(np.median(x[idx], axis=1))
+    return float(np.std(np.log(np.concatenate(meds)), ddof=1))
 
 
 def adjust_pvalues(pvalues: Sequence[float | None], method: str = "holm") -> list[float | None]:
@@ -174,7 +183,8 @@ def paired_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.9
     if np.all(r == r[0]):
         return PairedRatio(ratio, ratio, ratio, 0.0 if r[0] != 0 and x.size >= 20 else 1.0, int(x.size))
     ci = _st.bootstrap((r,), np.median, confidence_level=confidence, n_resamples=n_resamples, method="percentile",
-                       random_state=np.random.default_rng(seed), vectorized=True, axis=-1).confidence_interval
+                       batch=_batch(r.size), random_state=np.random.default_rng(seed), vectorized=True,
+                       axis=-1).confidence_interval
     nonzero = r[r != 0]
     p = float(_st.wilcoxon(nonzero).pvalue) if nonzero.size >= 6 else 1.0
     return PairedRatio(ratio, float(math.exp(ci.low)), float(math.exp(ci.high)), p, int(x.size))

@@ -12,7 +12,9 @@ JSON files (session results, baselines and A/B decision records share the versio
     never by rewriting old ones. A/B decision records (`bench_core.decision`) carry the same version.
   2 (bench_core 0.2.0): a result's `summary` no longer carries `median_ci95` (a bootstrap run on every
     write); derived figures are computed from the raw samples when read or shown. Comparisons carry
-    `confidence` (the level of their interval), `adjustment` and `method`. A session run with
+    `confidence` (the level of their interval), `adjustment` and `method`. Each run has a `run_id`; a
+    baseline holding one run twice (the same `run_id`, or for version 1 runs the same `created` and the
+    same samples) is refused. A session run with
     `--bench-against REV` has `against`: both revisions (commit, dirty state and the hash of its diff),
     per scenario the raw samples of every round and side, the decision and the files each side's code
     came from with their sha256. Version 1 files are read as before.
@@ -20,6 +22,10 @@ JSON files (session results, baselines and A/B decision records share the versio
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
     sha256 of the payload's content.
+    2 (0.2.0): the payload also holds `grads` (every parameter's gradient, None where there is none) and
+    `modes` (every module's train/eval flag); the hash leaves out the Python and NumPy RNG states, which
+    differ between processes unless seeded (`meta.hash_excludes` says so). Version 1 files are read:
+    their hash is checked the old way and a restore starts with empty gradients.
   correctness reference (`bench_core.reference`) 1 (0.1.0): the baseline's per-step and final tensors,
     the number of steps and the hash of the starting state saved beside it (NAME.state.pt).
 
@@ -33,6 +39,7 @@ import json
 import os
 import re
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -44,7 +51,7 @@ SCHEMA_VERSION = 2
 SESSION_FORMAT = "bench_core.session"
 BASELINE_FORMAT = "bench_core.baseline"
 DECISION_FORMAT = "bench_core.decision"
-STATE_FORMAT, STATE_SCHEMA_VERSION = "bench_core.state", 1
+STATE_FORMAT, STATE_SCHEMA_VERSION = "bench_core.state", 2
 REFERENCE_FORMAT, REFERENCE_SCHEMA_VERSION = "bench_core.reference", 1
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _CONFLICT_RE = re.compile(r"^(<<<<<<<|=======$|>>>>>>>)", re.MULTILINE)
@@ -60,19 +67,30 @@ def _dump(doc: Mapping[str, Any]) -> bytes:
     return (json.dumps(doc, indent=1, allow_nan=False) + "\n").encode()
 
 
+STALE_TMP_S = 600   # a temporary file this old belongs to a write that was killed
+
+
 def atomic_write(path: Path, data: bytes, overwrite: bool) -> Path:
     """Write through a temporary file in the same folder; a reader sees the old file or the new one whole.
 
-    With overwrite=False an existing file is never replaced (os.link fails if the name is taken).
+    With overwrite=False an existing file is never replaced (os.link fails if the name is taken). The new
+    file gets the mode an ordinary write would give it (the umask's), or the mode of the file it replaces.
+    Temporary files that killed writes of this name left behind are removed. A failure (a full disk, a
+    read-only folder) is a StorageError naming the file.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_tmp(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise StorageError(path, f"could not be written: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _mode_for(path))
         if overwrite:
             os.replace(tmp, path)
         else:
@@ -81,11 +99,33 @@ def atomic_write(path: Path, data: bytes, overwrite: bool) -> Path:
             except FileExistsError:
                 raise StorageError(path, "file exists and is never overwritten") from None
             os.unlink(tmp)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise StorageError(path, f"could not be written: {exc.strerror or exc}") from exc
         raise
     return path
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _remove_stale_tmp(path: Path) -> None:
+    import time
+
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            if time.time() - tmp.stat().st_mtime > STALE_TMP_S:
+                tmp.unlink()
+        except OSError:
+            pass  # another process's, or gone already
 
 
 def write_new(path: Path, data: bytes) -> Path:
@@ -154,6 +194,7 @@ def run_doc(results: Sequence[Measurement], environment: Mapping[str, Any],
             errors: Iterable[Mapping[str, str]] = (), created: str | None = None) -> dict:
     return {
         "created": created or now_iso(),
+        "run_id": uuid.uuid4().hex,      # what makes a run the same run, wherever it is copied
         "environment": dict(environment),
         "results": [measurement_doc(m) for m in results],
         "errors": [dict(e) for e in errors],
@@ -211,19 +252,24 @@ def save_baseline(folder: Path, name: str, results: Sequence[Measurement], envir
 
     Returns the path and the number of runs the baseline now holds.
     """
+    from filelock import FileLock
+
     path = baseline_path(folder, name)
     run = run_doc(results, environment)
-    if path.exists():
-        if not append:
-            raise StorageError(path, f"baseline {name!r} already exists and is never silently overwritten",
-                               hint="pass --bench-append to add this session as another run, or pick a new name")
-        doc = load_baseline_doc(path)
-        doc["runs"].append(run)
-        atomic_write(path, _dump(doc), overwrite=True)
-        return path, len(doc["runs"])
-    doc = {"format": BASELINE_FORMAT, "schema_version": SCHEMA_VERSION, "name": name, "runs": [run]}
-    atomic_write(path, _dump(doc), overwrite=False)
-    return path, 1
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    # Read, append and write as one step: concurrent CI jobs appending to one baseline must not lose runs.
+    with FileLock(str(Path(folder) / f".{path.name}.lock"), timeout=120):
+        if path.exists():
+            if not append:
+                raise StorageError(path, f"baseline {name!r} already exists and is never silently overwritten",
+                                   hint="pass --bench-append to add this session as another run, or pick a new name")
+            doc = load_baseline_doc(path)
+            doc["runs"].append(run)
+            atomic_write(path, _dump(doc), overwrite=True)
+            return path, len(doc["runs"])
+        doc = {"format": BASELINE_FORMAT, "schema_version": SCHEMA_VERSION, "name": name, "runs": [run]}
+        atomic_write(path, _dump(doc), overwrite=False)
+        return path, 1
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -302,7 +348,16 @@ def _baseline(doc: Any, path: Path) -> tuple[dict, list[list[Measurement]]]:
     runs = _need(doc, "runs", list, path, "")
     if not runs:
         raise StorageError(path, "baseline holds no runs", field="runs")
-    return doc, [_load_results(run, path, f"runs[{j}].") for j, run in enumerate(runs)]
+    loaded = [_load_results(run, path, f"runs[{j}].") for j, run in enumerate(runs)]
+    seen: dict = {}
+    for j, (raw, run) in enumerate(zip(runs, loaded)):
+        key = raw.get("run_id") or (raw.get("created"), tuple((m.name, m.host_ms) for m in run))
+        if key in seen:  # e.g. a merge conflict resolved by keeping both sides: one run counted twice
+            raise StorageError(path, f"run {j} is run {seen[key]} again: a run counted twice would make the "
+                                     f"baseline look surer than it is", field=f"runs[{j}]",
+                               hint=f"remove one of runs[{seen[key]}] and runs[{j}]")
+        seen[key] = j
+    return doc, loaded
 
 
 def load_baseline_doc(path: Path) -> dict:
@@ -316,6 +371,15 @@ def load_runs(path: Path) -> list[list[Measurement]]:
         _check_header(doc, path, SESSION_FORMAT)
         return [_load_results(doc, path, "")]
     return _baseline(doc, path)[1]
+
+
+def load_errors(path: Path) -> list[dict]:
+    """The scenarios a session file records as failed (a baseline file records none)."""
+    doc = _read_json(path)
+    if isinstance(doc, dict) and doc.get("format") == SESSION_FORMAT:
+        errors = _need(doc, "errors", list, path, "")
+        return [e for e in errors if isinstance(e, dict)]
+    return []
 
 
 def load_baseline(folder: Path, name: str) -> list[list[Measurement]]:
@@ -390,8 +454,8 @@ def _read_torch(path: Path, what: str, fmt: str, max_version: int) -> dict:
     try:
         doc = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise StorageError(path, f"cannot read the {what} ({type(exc).__name__}: {exc})",
-                           hint=f"the file is truncated or not a bench_core {what}; save it again") from None
+        raise StorageError(path, f"is not a readable {what}: it is truncated, damaged or not a torch file "
+                                 f"({type(exc).__name__})", hint=f"save the {what} again") from None
     if not isinstance(doc, dict) or doc.get("format") != fmt:
         raise StorageError(path, f"not a bench_core {what}", field="format")
     version = doc.get("schema_version")
@@ -402,8 +466,8 @@ def _read_torch(path: Path, what: str, fmt: str, max_version: int) -> dict:
 
 
 def write_state(path: Path, payload: Mapping[str, Any], meta: Mapping[str, Any], content_hash: str,
-                overwrite: bool = False) -> Path:
-    return _write_torch(path, {"format": STATE_FORMAT, "schema_version": STATE_SCHEMA_VERSION, "meta": dict(meta),
+                version: int = STATE_SCHEMA_VERSION, overwrite: bool = False) -> Path:
+    return _write_torch(path, {"format": STATE_FORMAT, "schema_version": version, "meta": dict(meta),
                                "hash": content_hash, "payload": payload}, overwrite)
 
 

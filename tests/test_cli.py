@@ -60,3 +60,19 @@ def test_show_prints_every_run_of_a_baseline(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "run 1 of 2" in out and "run 2 of 2" in out and out.count("\na ") == 2
     assert main(["show", "missing", "--baselines", str(tmp_path)]) == EXIT_BAD_INPUT
+
+
+def test_a_new_session_whose_scenarios_failed_is_a_failure_not_missing(tmp_path, capsys):
+    base = _save(tmp_path, "base", {"a": [10, 10.1, 9.9]}, seed=1)
+    new = storage.write_session(tmp_path / "res", [], ENV, [{"scenario": "a", "problem": "RuntimeError: boom"}])
+    assert main(["compare", str(base), str(new)]) == EXIT_REGRESSED
+    assert "'a' failed in the new session: RuntimeError: boom" in capsys.readouterr().err
+
+
+def test_input_that_can_never_decide_exits_2(tmp_path, capsys):
+    from helpers import meas
+
+    base, _ = storage.save_baseline(tmp_path, "tiny", [meas([1.0, 1.1], name="a")], ENV)
+    new = storage.write_session(tmp_path / "res", [meas([5.0, 5.1], name="a")], ENV)
+    assert main(["compare", str(base), str(new)]) == EXIT_BAD_INPUT
+    assert "unusable input for 'a': too few samples" in capsys.readouterr().err

@@ -155,3 +155,16 @@ def test_pooling_refuses_other_scenarios():
     with pytest.raises(InvalidRecord, match="same scenario"):
         a.pooled_with(b)
     assert a.pooled_with(a).repeats == 2 * a.repeats
+
+
+def test_on_the_cpu_another_thread_count_or_processor_is_incomparable():
+    from dataclasses import replace
+
+    base = [replace(m, threads=1) for m in runs([10, 10.1, 9.9], seed=1)]
+    c = compare_runs("s", base, [replace(m, threads=2) for m in runs([10.2], seed=2)])
+    assert c.verdict == INCOMPARABLE and c.differences["threads"] == (1, 2)
+    elsewhere = runs([10.2], seed=2, env=dict(ENV, cpu_model="another CPU", cpu_count=64))
+    c = compare_runs("s", runs([10, 10.1, 9.9], seed=1), elsewhere)
+    assert c.verdict == INCOMPARABLE and set(c.differences) == {"cpu_model", "cpu_count"}
+    assert compare_runs("s", runs([10, 10.1, 9.9], seed=1), elsewhere,
+                        GateConfig(allow_env_mismatch=True)).verdict != INCOMPARABLE

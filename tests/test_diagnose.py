@@ -166,7 +166,8 @@ def test_profile_pass_can_refuse_to_write_sensitive_traces(pytester):
     res = pytester.runpytest_subprocess("--bench-profile", "prof", "--bench-repeats", "3",
                                         "--bench-profile-refuse-sensitive", "--bench-profile-tensorboard")
     res.assert_outcomes(passed=1)
-    res.stdout.fnmatch_lines(["*trace: not written (redacted * email, * home_path (refused: no trace written))*"])
+    res.stdout.fnmatch_lines(["*trace: not written (redacted * email, * home_path (refused: no trace written, "
+                              "nothing of it shown))*"])
     assert not list((pytester.path / "prof").rglob("*.json"))
 
 
@@ -189,3 +190,59 @@ def test_stage_is_inert_outside_the_profile_pass():
     assert not _ACTIVE["on"]
     with stage("forward") as s:
         assert s._rf is None
+
+
+# Planted where a user's secrets end up: the scenario's name, a stage label, a record_function label, an
+# operator's argument. Kept broad on purpose: the forms an issue names are examples, not the whole set.
+SECRETS = {
+    "email": "jane.doe@example.com",
+    "github token after an underscore": "cfg_ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+    "bearer": "Bearer abcdef0123456789qwerty",
+    "authorization header": "Authorization: Basic dXNlcjpwYXNzd29yZA==",
+    "url credentials": "https://bob:hunter2@example.com/data",
+    "password assignment": "db_password=s3cr3tpass",
+    "aws key": "AKIAABCDEFGHIJKLMNOP",
+    "openai-style key": "sk-proj-ABCDEFGHIJKLMNOPQRSTUV",
+    "huggingface token": "hf_abcdefghijklmnopqrstuvwxyz",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "home path": "/home/alice/private/data.bin",
+}
+# the part of each that must never be seen
+NEEDLES = ["jane.doe", "ghp_abcdefghij", "abcdef0123456789qwerty", "dXNlcjpwYXNzd29yZA", "hunter2", "s3cr3tpass",
+           "AKIAABCDEFGHIJKLMNOP", "sk-proj-ABCDEF", "hf_abcdefghij", "eyJhbGciOiJIUzI1NiJ9", "alice"]
+
+PLANTED = '''
+import torch
+from bench_core import Scenario, stage
+
+SECRETS = {secrets!r}
+
+def test_planted(bench):
+    a = torch.randn(32, 32)
+    def step():
+        for kind, secret in SECRETS.items():
+            with stage("load " + secret):
+                with torch.profiler.record_function(kind + " " + secret):
+                    (a @ a).relu()
+    bench.run(Scenario("run by jane.doe@example.com", ("compute",)), step)
+'''
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["redact", "refuse"])
+def test_no_planted_secret_reaches_any_file_or_line_a_diagnose_pass_produces(pytester, refuse):
+    pytester.makepyfile(test_planted=PLANTED.format(secrets=SECRETS))
+    args = ["--bench-profile", "prof", "--bench-repeats", "2", "--bench-profile-tensorboard", "-rA"]
+    res = pytester.runpytest_subprocess(*args, *(["--bench-profile-refuse-sensitive"] if refuse else []))
+    res.assert_outcomes(passed=1)
+    shown = res.stdout.str() + res.stderr.str()
+    written = {p: p.read_text(errors="replace") for p in (pytester.path / "prof").rglob("*") if p.is_file()}
+    names = [str(p) for p in (pytester.path / "prof").rglob("*")]
+    for needle in NEEDLES:
+        assert needle not in shown, f"{needle!r} printed"
+        assert not [p for p, text in written.items() if needle in text], f"{needle!r} written"
+        assert not [n for n in names if needle in n], f"{needle!r} in a file name"
+    if refuse:
+        assert not written and "nothing of it shown" in shown
+    else:
+        assert written and "<redacted:token>" in "".join(written.values())
+

@@ -1,6 +1,8 @@
 import gc
+import re
 
 import pytest
+import torch
 
 from bench_core import Scenario, ScenarioError, measure
 from bench_core.backends import CudaBackend
@@ -204,3 +206,20 @@ def test_real_clock_smoke_on_cpu():
     a = torch.randn(32, 32)
     m = measure(lambda: a @ a, scenario="mm", warmup=1, repeats=3)
     assert len(m.host_ms) == 3 and all(v > 0 for v in m.host_ms)
+
+
+@pytest.mark.parametrize("value, where", [
+    (float("nan"), "result = nan"),
+    ({"loss": torch.tensor(float("inf"))}, "result['loss'] holds NaN or infinity"),
+    ((torch.ones(2), torch.tensor([1.0, float("nan")])), "result[1] holds NaN or infinity"),
+])
+def test_a_step_that_returns_nan_or_inf_fails_its_scenario(value, where):
+    clock = FakeClock()
+    with pytest.raises(ScenarioError, match=re.escape(where)):
+        measure(lambda: value, scenario="broken", clock=clock, warmup=0, repeats=3)
+
+
+def test_finite_and_non_numeric_results_pass():
+    clock = FakeClock()
+    for value in (1.0, torch.ones(3), {"x": torch.arange(3)}, "text", None):
+        measure(lambda: value, clock=clock, warmup=0, repeats=2)

@@ -134,3 +134,16 @@ def test_writing_a_result_runs_no_bootstrap(monkeypatch):
     monkeypatch.setattr(bench_core.stats._st, "bootstrap", boom)
     d = storage.measurement_doc(make([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]))
     assert d["summary"]["median"] == 4.0 and "median_ci95" not in d["summary"]
+
+
+def test_big_legal_inputs_neither_overflow_nor_exhaust_memory(monkeypatch):
+    from bench_core import stats
+
+    assert stats.mann_whitney_min_p(3000, 3000) == 0.0          # 2 / C(6000, 3000) underflows, no OverflowError
+    assert stats.mann_whitney_min_p(2, 2) == pytest.approx(2 / 6)
+    monkeypatch.setattr(stats, "BOOTSTRAP_CELLS", 10_000)       # a small cap, to see the batching work
+    x = np.random.default_rng(0).lognormal(0, 0.05, 5_000)
+    se = stats.median_log_se(x, n_resamples=200)
+    assert 0 < se < 0.01
+    lo, hi = stats.bootstrap_median_ci(x, n_resamples=200)
+    assert lo < np.median(x) < hi

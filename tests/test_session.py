@@ -9,7 +9,7 @@ from helpers import ENV
 
 
 def _session(tmp_path, **kw):
-    return BenchSession(SessionConfig(results_dir=tmp_path / "res", baselines_dir=tmp_path / "bl", **kw), ENV)
+    return BenchSession(SessionConfig(**{"results_dir": tmp_path / "res", "baselines_dir": tmp_path / "bl", **kw}), ENV)
 
 
 def _levels(clock, levels):
@@ -78,7 +78,7 @@ def test_save_refuses_existing_name_before_measuring(tmp_path):
 
 
 def test_finish_writes_nothing_for_an_empty_session(tmp_path):
-    assert _session(tmp_path).finish() == []
+    assert _session(tmp_path).finish() == ([], [])
     assert not (tmp_path / "res").exists()
 
 
@@ -89,7 +89,32 @@ def test_gate_decisions_are_kept_in_the_session_file(tmp_path):
     s = _session(tmp_path, compare="main", repeats=10, warmup=0)
     clock = FakeClock()
     s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock)
-    (line,) = s.finish()
+    (line,), failures = s.finish()
+    assert failures == []
     doc = json.loads(open(line.removeprefix("results written to ")).read())
     assert doc["comparisons"][0]["verdict"] == "slower" and "results written" in line
     assert doc["comparisons"][0]["adjustment"] == "none (one scenario)"
+
+
+def test_every_write_is_attempted_and_every_failure_names_its_file(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")              # the results folder cannot be made, even by root
+    s = _session(tmp_path, save="main", repeats=3, warmup=0, results_dir=blocked / "res")
+    clock = FakeClock()
+    s.run(Scenario("a", ("forward",)), _levels(clock, [2.0]), clock=clock)
+    lines, failures = s.finish()
+    assert any(str(blocked / "res") in f and "could not be written" in f for f in failures), failures
+    assert any("baseline 'main' saved" in line for line in lines)   # the baseline write still happened
+
+
+def test_an_incomplete_session_is_not_stored_as_a_baseline_run(tmp_path):
+    s = _session(tmp_path, save="main", repeats=3, warmup=0)
+    clock = FakeClock()
+    s.run(Scenario("a", ("forward",)), _levels(clock, [2.0]), clock=clock)
+    lines, failures = s.finish(incomplete="the session was interrupted")
+    assert any("NOT saved: the session was interrupted" in line for line in lines) and not failures
+    assert not (tmp_path / "bl" / "main.json").exists()
+    s = _session(tmp_path, save="main", repeats=3, warmup=0, save_incomplete=True)
+    s.run(Scenario("a", ("forward",)), _levels(clock, [2.0]), clock=clock)
+    s.finish(incomplete="1 test(s) failed")
+    assert (tmp_path / "bl" / "main.json").exists()

@@ -37,7 +37,7 @@ def test_atomic_write_failure_leaves_no_partial_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(storage.os, "replace", broken_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(StorageError, match=r"x\.json: could not be written: disk full"):   # names the file
         storage.atomic_write(p, b"new", overwrite=True)
     assert p.read_text() == "old" and os.listdir(tmp_path) == ["x.json"]
 
@@ -129,3 +129,52 @@ def test_decision_record_with_non_finite_errors_is_written_as_json(tmp_path):
     assert doc["correctness"]["diffs"][0]["max_abs"] is None
     assert doc["correctness"]["diffs"][0]["problem"] == "non-finite in candidate"
     assert p.name.startswith("decision-nan_case-")
+
+
+def test_a_baseline_holding_the_same_run_twice_is_refused(tmp_path):
+    run = [meas([1.0, 2.0, 3.0], name="a")]
+    path, _ = storage.save_baseline(tmp_path, "main", run, ENV)
+    doc = json.loads(path.read_text())
+    doc["runs"].append(doc["runs"][0])           # a merge conflict resolved by keeping both sides
+    path.write_text(json.dumps(doc))
+    with pytest.raises(StorageError, match=r"run 1 is run 0 again.*runs\[1\]"):
+        storage.load_baseline(tmp_path, "main")
+    storage.save_baseline(tmp_path, "other", run, ENV)
+    storage.save_baseline(tmp_path, "other", run, ENV, append=True)   # equal samples, another run: kept
+    assert len(storage.load_baseline(tmp_path, "other")) == 2
+
+
+def _append_many(args):
+    folder, worker, n = args
+    from bench_core import storage as st
+    from helpers import ENV as env, meas as m
+
+    for i in range(n):
+        st.save_baseline(folder, "shared", [m([1.0 + worker, 2.0 + i], name="a")], env, append=True)
+    return n
+
+
+def test_concurrent_appends_lose_no_run(tmp_path):
+    import multiprocessing as mp
+
+    storage.save_baseline(tmp_path, "shared", [meas([1.0, 2.0], name="a")], ENV)
+    with mp.get_context("fork").Pool(4) as pool:          # joined and gone when the block ends
+        done = sum(pool.map(_append_many, [(tmp_path, w, 5) for w in range(4)]))
+    assert done == 20 and len(storage.load_baseline(tmp_path, "shared")) == 21
+
+
+def test_writes_keep_the_umask_mode_and_clean_killed_writes(tmp_path):
+    import time
+
+    storage.save_baseline(tmp_path, "main", [meas([1.0, 2.0], name="a")], ENV)
+    path = tmp_path / "main.json"
+    old = os.umask(0)
+    os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~old
+    path.chmod(0o640)
+    stale = tmp_path / ".main.json.abc123.tmp"
+    stale.write_text("left by a killed write")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    storage.save_baseline(tmp_path, "main", [meas([3.0, 4.0], name="a")], ENV, append=True)
+    assert path.stat().st_mode & 0o777 == 0o640          # an append keeps the file's own mode
+    assert not stale.exists()
