@@ -17,15 +17,17 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 from .backends import Backend, backend_for
 from .errors import ScenarioError
 from .sampling import Clock, Sampler, gc_paused
-from .stats import paired_ratio, summarize
+from .sidebyside import Instance, run_rounds
+from .stats import paired_ratio, summarize, t_interval, t_test
 
 FASTER, SLOWER, NO_DIFFERENCE, REJECTED = "faster", "slower", "no significant difference", "rejected: incorrect"
 
 
 @runtime_checkable
 class Composite(Protocol):
-    """A callable made of named parts (a bound variant: its step and its optimizer factory), so a
-    decision record names each part with its own source hash."""
+    """A callable made of named parts (a bound variant: its step, its optimizer factory, the settings
+    its optimizer was built with), so a decision record names each callable part with its own source
+    hash and keeps the other parts as they are."""
 
     def identity_parts(self) -> tuple[str, Mapping[str, Callable]]: ...
 
@@ -38,7 +40,7 @@ def source_identity(fn: Callable) -> dict:
     """
     if isinstance(fn, Composite):
         label, parts = fn.identity_parts()
-        return {"name": label, **{k: source_identity(v) for k, v in parts.items()}}
+        return {"name": label, **{k: source_identity(v) if callable(v) else v for k, v in parts.items()}}
     target = inspect.unwrap(getattr(fn, "func", fn))
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
     try:
@@ -112,7 +114,11 @@ def paired_decision(base_ms, cand_ms, alpha: float = 0.01, min_effect: float = 0
     if min(base_ms) <= 0 or min(cand_ms) <= 0:
         return PairedDecision(NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio")
     est = paired_ratio(base_ms, cand_ms, confidence, seed)
-    sp, lo, hi, p = est.ratio, est.ci_low, est.ci_high, est.p_value
+    return speed_verdict(est.ratio, est.ci_low, est.ci_high, est.p_value, alpha, min_effect)
+
+
+def speed_verdict(sp: float, lo: float, hi: float, p: float, alpha: float, min_effect: float) -> PairedDecision:
+    """Faster / slower only when significant *and* the whole interval of the speedup is beyond min_effect."""
     if p < alpha and lo > 1 + min_effect:
         return PairedDecision(FASTER, f"significant (p={p:.2g} < {alpha}) and the whole interval beyond "
                                       f"+{min_effect:.0%}", sp, lo, hi, p)
@@ -172,3 +178,63 @@ def ab(baseline: Callable[[], Any], candidate: Callable[[], Any], *, device: str
     d = paired_decision(samples["baseline"], samples["candidate"], alpha, min_effect, seed=seed)
     return ABResult(d.verdict, d.reason, d.speedup, d.ci_low, d.ci_high, d.p_value, tuple(samples["baseline"]),
                     tuple(samples["candidate"]), cold, **common)
+
+
+def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Callable[[], Callable[[], Any]], *,
+              device: str = "cpu", rounds: int = 12, pairs: int = 4, alpha: float = 0.01, min_effect: float = 0.01,
+              seed: int = 0, correctness=None, state_hash: str | None = None,
+              environment: Mapping[str, Any] | None = None, clock: Clock | None = None,
+              backend: Backend | None = None, name: str = "ab") -> ABResult:
+    """A/B whose interval describes the code change, not the two instances it happened to get.
+
+    `make_baseline()` and `make_candidate()` build a fresh zero-argument step (a fresh model, fresh
+    tensors: e.g. `lambda: bind(variant, state, make_model())`). Every round builds both anew and
+    alternates `pairs` pairs in a seeded random order (see `sidebyside`); the speedup is exp(-mean of the
+    rounds' median log ratios), its 95% interval and p (two-sided) come from a t-test over rounds, so the
+    bias each instance carries (several percent on memory-bound and CNN work here) is inside the
+    interval. Same verdict rule as `ab`.
+    """
+    for label, fn in (("make_baseline", make_baseline), ("make_candidate", make_candidate)):
+        if not callable(fn):
+            raise ScenarioError(name, f"{label} must be callable (a factory of steps), got {type(fn).__name__}")
+    params = {"device": device, "rounds": rounds, "pairs": pairs, "alpha": alpha, "min_effect": min_effect,
+              "seed": seed, "order": "random per pair; both sides built anew every round"}
+    first: dict[str, Callable] = {}
+
+    def builder(label: str, make: Callable[[], Callable[[], Any]]):
+        def build(r: int) -> Instance:
+            fn = make()
+            if not callable(fn):
+                raise TypeError(f"{label}'s factory returned {type(fn).__name__}, not a step to call")
+            first.setdefault(label, fn)
+            return Instance(fn)
+        return build
+
+    corr = correctness.to_dict() if correctness is not None else None
+    if correctness is not None and not correctness.ok:
+        return ABResult(REJECTED, "the candidate failed correctness, so it gets no speed verdict", None, None, None,
+                        None, params=params, identities={}, correctness=corr, state_hash=state_hash,
+                        environment=environment or {})
+    res = run_rounds({"baseline": builder("baseline", make_baseline), "candidate": builder("candidate", make_candidate)},
+                     Sampler(name, backend or backend_for(device), clock), rounds=rounds, pairs=pairs, seed=seed)
+    ident = {label: source_identity(fn) for label, fn in first.items()}
+    base = tuple(x for r in res.primary("baseline") for x in r)
+    cand = tuple(x for r in res.primary("candidate") for x in r)
+    cold = {k: v[0].primary_ms for k, v in res.cold.items()}
+    common = dict(params=params, identities=ident, correctness=corr, state_hash=state_hash,
+                  environment=environment or {})
+    if min(base + cand) <= 0:
+        return ABResult(NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None,
+                        None, base, cand, cold, **common)
+    logs = res.round_log_ratios                  # log(candidate / baseline) per round
+    d, n = sum(logs) / len(logs), len(logs)
+    sd = math.sqrt(sum((v - d) ** 2 for v in logs) / (n - 1))
+    if sd == 0:
+        return ABResult(NO_DIFFERENCE, "every round gave the same ratio: the timer cannot resolve the spread",
+                        math.exp(-d), None, None, None, base, cand, cold, **common)
+    se = sd / math.sqrt(n)
+    p = min(1.0, 2 * t_test(d, se, n - 1))
+    lo, hi = t_interval(d, se, n - 1, 0.95)
+    v = speed_verdict(math.exp(-d), math.exp(-hi), math.exp(-lo), p, alpha, min_effect)
+    return ABResult(v.verdict, f"{v.reason}; {n} rounds of fresh instances", v.speedup, v.ci_low, v.ci_high,
+                    v.p_value, base, cand, cold, **common)

@@ -17,6 +17,7 @@ OPT_OUT = "--bench-out"
 OPT_NO_OUT = "--bench-no-out"
 OPT_SAVE = "--bench-save"
 OPT_APPEND = "--bench-append"
+OPT_SAVE_INCOMPLETE = "--bench-save-incomplete"
 OPT_COMPARE = "--bench-compare"
 OPT_BASELINES = "--bench-baselines"
 OPT_THRESHOLD = "--bench-threshold"
@@ -32,6 +33,7 @@ OPT_PROFILE_MEMORY = "--bench-profile-memory"
 OPT_PROFILE_STACK = "--bench-profile-stack"
 OPT_PROFILE_TB = "--bench-profile-tensorboard"
 OPT_PROFILE_REFUSE = "--bench-profile-refuse-sensitive"
+OPT_TIMEOUT = "--bench-timeout"
 OPT_AGAINST = "--bench-against"
 OPT_ROUNDS = "--bench-rounds"
 OPT_PAIRS = "--bench-pairs"
@@ -52,12 +54,16 @@ def pytest_addoption(parser):
     g.addoption(OPT_NO_OUT, action="store_true", help="write no session JSON")
     g.addoption(OPT_SAVE, metavar="NAME", default=None, help="store this session as baseline NAME")
     g.addoption(OPT_APPEND, action="store_true", help="with --bench-save: add this session as another run of NAME")
+    g.addoption(OPT_SAVE_INCOMPLETE, action="store_true",
+                help="with --bench-save: store the session even when it was interrupted or a test failed")
     g.addoption(OPT_COMPARE, metavar="NAME", default=None, help="gate every scenario against baseline NAME")
     g.addoption(OPT_BASELINES, default="baselines", help="folder of stored baselines")
     g.addoption(OPT_THRESHOLD, type=float, default=None, help="default noise threshold, a fraction (0.05 = 5%%)")
     g.addoption(OPT_ALPHA, type=float, default=None, help="family-wise significance level of the gate")
     g.addoption(OPT_RUN_NOISE, type=float, default=None, help="prior run-to-run spread, a fraction")
     g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
+    g.addoption(OPT_TIMEOUT, type=float, default=600.0,
+                help="seconds a scenario may take, everything included; a hang fails it by name (0: no limit)")
     g.addoption(OPT_AGAINST, metavar="REV", default=None,
                 help="measure every scenario side by side with git revision REV in this run, and decide each")
     g.addoption(OPT_ROUNDS, type=int, default=None, help="with --bench-against: rounds of fresh instances (12)")
@@ -98,6 +104,9 @@ def pytest_configure(config):
         gate = GateConfig(allow_env_mismatch=config.getoption(OPT_ALLOW_ENV), **gate_kw)
         root = Path(str(config.rootpath))
         prof = None
+        folder = config.getoption(OPT_PROFILE)
+        if folder and Path(folder).exists() and not Path(folder).is_dir():  # found now, not after measuring
+            raise ValueError(f"{OPT_PROFILE} {folder}: is a file; give a folder for the traces")
         if config.getoption(OPT_PROFILE):
             from bench_core.diagnose import ProfileConfig, check_cuda_profiling
 
@@ -122,10 +131,11 @@ def pytest_configure(config):
             quick=config.getoption(OPT_QUICK), threads=config.getoption(OPT_THREADS),
             results_dir=None if config.getoption(OPT_NO_OUT) else root / config.getoption(OPT_OUT),
             baselines_dir=root / config.getoption(OPT_BASELINES), save=config.getoption(OPT_SAVE),
-            append=config.getoption(OPT_APPEND), compare=config.getoption(OPT_COMPARE),
+            append=config.getoption(OPT_APPEND), save_incomplete=config.getoption(OPT_SAVE_INCOMPLETE),
+            compare=config.getoption(OPT_COMPARE),
             pb_json=config.getoption(OPT_PB_JSON), gate=gate, profile=prof,
             references_dir=root / config.getoption(OPT_REFS), save_references=config.getoption(OPT_REF_SAVE),
-            against=against,
+            against=against, timeout_s=config.getoption(OPT_TIMEOUT) or None,
         )
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
         if against is not None:
@@ -194,30 +204,28 @@ class BenchFixture:
             else:
                 m, c = self._session.run(scenario, fn, **kwargs)
         except ScenarioError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            pytest.fail(self._session.shown(str(exc)), pytrace=False)
         from bench_core.report import session_table
 
         s = m.summary
         self._node.user_properties.append(("bench_median_ms", s.median))
         self._node.user_properties.append(("bench_n", s.n))
         # per-test section: shown with this test's report (failures, -rA, JUnit system-out)
-        self._node.add_report_section("call", "bench_core", session_table([m]))
+        self._node.add_report_section("call", "bench_core", self._session.shown(session_table([m])))
         if c is not None:
             from bench_core.report import comparison_table
 
             self._node.user_properties.append(("bench_verdict", c.verdict))
             if self._session.fails(c):
                 table = comparison_table([c], self._session.config.gate.alpha)
-                pytest.fail(f"scenario {m.name!r}: {c.verdict} against {self._session.compared_with}: "
-                            f"{c.reason}\n{table}", pytrace=False)
+                pytest.fail(self._session.shown(f"scenario {m.name!r}: {c.verdict} against "
+                                                f"{self._session.compared_with}: {c.reason}\n{table}"), pytrace=False)
         return m
 
     def _run_against(self, scenario, fn, kwargs):
         """Side by side with --bench-against's revision: this call's step is round 0 of the current side;
         every other instance comes from calling the test function again (this tree's, and the revision's)."""
         from bench_core.capture import capture, instance_from
-        from bench_core.errors import BenchError
-        from bench_core.revisions import file_sha256
 
         req, session = self._request, self._session
         loaded = session.revision
@@ -229,34 +237,72 @@ class BenchFixture:
         def rebuild(_round):
             return capture(req.function, value_of, self._sizing, "current tree", name)
 
-        try:
-            if req.cls is not None:
-                raise BenchError("only module-level test functions are compared side by side")
-            theirs = getattr(loaded.module_for(req.path), req.function.__name__, None)
-            if theirs is None:
-                raise BenchError(f"{req.function.__name__} does not exist in {loaded.revision.label}")
-        except Exception as exc:  # the revision lacks it or cannot load: measured alone, reported
-            why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, BenchError) else str(exc)
-            if not isinstance(exc, BenchError):
-                why = (f"{loaded.revision.label}'s test module could not be loaded beside the current code ({why}); "
-                       f"code that registers global names (a torch.library operator) or compiled extensions "
-                       f"cannot be loaded twice into one process")
+        theirs, why, isolate = self._revision_function()
+        if isolate:  # cannot share this process: both sides in pairs of worker processes
+            spawn = self._spawners(name)
+            if spawn is not None:
+                return session.run_against_workers(scenario, instance_from(fn, kwargs, scenario), spawn,
+                                                   items=kwargs.get("items"), proof={"why_workers": why})
+        if theirs is None:  # the revision lacks it or cannot load it: measured alone, and reported
             session.one_side.append((name, f"measured on the current tree only: {why}"))
             return session.run(scenario, fn, **kwargs)
 
         def rev_build(_round):
             return capture(theirs, value_of, self._sizing, f"revision {loaded.revision.label}", name)
 
-        proof = {"current": {"test_file": str(req.path), "test_file_sha256": file_sha256(req.path),
-                             "function": req.function.__qualname__},
-                 "baseline": {"test_file": str(loaded.counterpart(req.path)),
-                              "test_file_sha256": file_sha256(loaded.counterpart(req.path)),
-                              "function": theirs.__qualname__, "module": theirs.__module__,
-                              "code_from_revision": loaded.ran_from_revision(theirs),
-                              "project_modules": loaded.loaded_modules()}}
         live = instance_from(fn, kwargs, scenario)
-        return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"), proof=proof,
+        return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"),
+                                   proof=loaded.proof(req.path, req.function, theirs),
                                    clock=kwargs.get("clock"), backend=kwargs.get("backend"))
+
+    def _revision_function(self):
+        """(the revision's version of this test function, None, False), or (None, why there is none, whether
+        the reason is that it cannot share this process)."""
+        from bench_core.revisions import RevisionError
+
+        req, loaded = self._request, self._session.revision
+        if req.cls is not None:
+            return None, "only module-level test functions are compared side by side", False
+        if not loaded.counterpart(req.path).exists():
+            return None, f"{loaded.counterpart(req.path).relative_to(loaded.root)} does not exist in " \
+                         f"{loaded.revision.label}", False
+        try:
+            module = loaded.module_for(req.path)
+        except Exception as exc:
+            detail = str(exc) if isinstance(exc, RevisionError) else f"{type(exc).__name__}: {exc}"
+            return None, (f"{loaded.revision.label}'s test module cannot be loaded beside the current code "
+                          f"({detail}): code that registers global names (a torch.library operator) or a "
+                          f"compiled extension cannot be loaded twice into one process"), True
+        theirs = getattr(module, req.function.__name__, None)
+        return (theirs, None, False) if theirs is not None else (
+            None, f"{req.function.__name__} does not exist in {loaded.revision.label}", False)
+
+    def _spawners(self, name):
+        """Starters of worker processes for both sides, or None when the test takes what a worker cannot be
+        given (a fixture other than its parameters; a parameter JSON cannot carry)."""
+        import inspect
+        import json
+
+        from bench_core.worker import Worker, import_roots
+
+        req, session, loaded = self._request, self._session, self._session.revision
+        params = dict(getattr(getattr(req.node, "callspec", None), "params", {}))
+        needs = set(inspect.signature(req.function).parameters) - {"bench"}
+        try:
+            json.dumps(params)
+        except TypeError:
+            needs.add("a parameter JSON cannot carry")
+        if needs - set(params):
+            session.one_side.append((name, f"worker processes cannot be given {sorted(needs - set(params))}"))
+            return None
+
+        def spawner(side, root, test_file):
+            init = {"side": side, "scenario": name, "import_roots": import_roots(loaded.current_root, root),
+                    "test_file": str(test_file), "function": req.function.__name__, "params": params,
+                    "device": session.config.device, "quick": session.config.quick, "threads": session.config.threads}
+            return lambda k: Worker(init, timeout_s=session.config.timeout_s or 600.0)
+        return {"candidate": spawner("candidate", loaded.current_root, req.path),
+                "baseline": spawner("baseline", loaded.root, loaded.counterpart(req.path))}
 
     def validate(self, baseline, candidate, state, model, optimizer=None, **kwargs):
         """Correctness from a saved state. Returns the report for the test to assert on; passed to
@@ -315,12 +361,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for title, text in session.summary_sections():
         terminalreporter.section(title)
         terminalreporter.write_line(text)
-    stored = config.stash.get(_STORED, [])
-    if isinstance(stored, Exception):
-        terminalreporter.write_line(f"bench_core: could not store results: {stored}", red=True)
-    else:
-        for line in stored:
-            terminalreporter.write_line(line)
+    lines, failures = config.stash.get(_STORED, ([], []))
+    for line in lines:
+        terminalreporter.write_line(line)
+    for failure in failures:
+        terminalreporter.write_line(f"bench_core: could not store: {failure}", red=True)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -328,9 +373,12 @@ def pytest_sessionfinish(session, exitstatus):
     bench = _session(session.config)
     if bench is None:
         return
-    try:
-        session.config.stash[_STORED] = bench.finish()
-    except Exception as exc:  # losing results silently is worse than a red run
-        session.config.stash[_STORED] = exc
-        if exitstatus == 0:
-            session.exitstatus = 1
+    incomplete = None
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        incomplete = "the session was interrupted"
+    elif session.testsfailed:
+        incomplete = f"{session.testsfailed} test(s) failed"
+    lines, failures = bench.finish(incomplete)
+    session.config.stash[_STORED] = (lines, failures)
+    if failures and exitstatus == 0:  # losing results silently is worse than a red run
+        session.exitstatus = 1

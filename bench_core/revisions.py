@@ -285,6 +285,17 @@ class LoadedRevision:
             code = getattr(getattr(type(fn), "__call__", None), "__code__", None)
         return code is not None and Path(code.co_filename).resolve().is_relative_to(self.root.resolve())
 
+    def proof(self, current_file: Path, current_fn: Any, their_fn: Any) -> dict:
+        """Which code each side ran: the test files with their sha256, the functions, and for the revision
+        every project module it loaded and whether its function's code lies inside the extracted revision."""
+        theirs = self.counterpart(current_file)
+        return {"current": {"test_file": str(current_file), "test_file_sha256": file_sha256(current_file),
+                            "function": current_fn.__qualname__},
+                "baseline": {"test_file": str(theirs), "test_file_sha256": file_sha256(theirs),
+                             "function": their_fn.__qualname__, "module": their_fn.__module__,
+                             "code_from_revision": self.ran_from_revision(their_fn),
+                             "project_modules": self.loaded_modules()}}
+
     def loaded_modules(self) -> dict[str, str | None]:
         """REV's project modules loaded so far: name -> sha256 of the file they ran from."""
         prefix = self.importer.alias + "."

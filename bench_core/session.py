@@ -37,6 +37,8 @@ class AgainstConfig:
     threshold: float = 0.02
     quick_rounds: int = 3
     quick_pairs: int = 2
+    processes: int = 6       # worker mode: pairs of processes (the unit of evidence there)
+    process_rounds: int = 2  # worker mode: rounds of fresh instances in each pair
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class SessionConfig:
     baselines_dir: Path = Path("baselines")
     save: str | None = None
     append: bool = False
+    save_incomplete: bool = False      # store an interrupted or failing session as a baseline run all the same
+    timeout_s: float | None = 600.0    # per scenario, everything included; None or 0: no limit
     compare: str | None = None
     pb_json: Path | None = None
     gate: GateConfig = field(default_factory=GateConfig)
@@ -75,15 +79,15 @@ class BenchSession:
         self.against_records: list[dict] = []         # per scenario: rounds, both sides' code, decision
         self.one_side: list[tuple[str, str]] = []     # scenarios that exist on one side only
         self.baseline: dict[str, list[Measurement]] | None = None
-        if config.against is not None and (config.compare or config.save):
+        if config.against is not None and (config.compare is not None or config.save is not None):
             raise ValueError("--bench-against compares two revisions in this run: it does not mix with a stored "
                              "baseline (--bench-compare / --bench-save); use one or the other")
-        if config.save:
+        if config.save is not None:  # a name given empty (an unset $BASELINE in CI) is an error, not "no save"
             path = storage.baseline_path(config.baselines_dir, config.save)
             if path.exists() and not config.append:  # fail before the run, not after minutes of it
                 raise StorageError(path, f"baseline {config.save!r} already exists and is never silently overwritten",
                                    hint="pass --bench-append to add this session as another run, or pick a new name")
-        if config.compare:
+        if config.compare is not None:
             self.baseline = storage.by_scenario(storage.load_baseline(config.baselines_dir, config.compare))
 
     # -- measuring -------------------------------------------------------------------------------
@@ -109,8 +113,23 @@ class BenchSession:
             self.errors.append((scenario.name, str(exc)))
             raise ScenarioError(scenario.name, str(exc)) from exc
 
+    def limited(self, scenario: Scenario):
+        """The scenario's time limit, as a context: a hang fails that scenario, by name."""
+        from .sampling import time_limit
+
+        return time_limit(self.config.timeout_s, scenario.name)
+
     def run(self, scenario: Scenario, fn: Callable[[], Any], **kwargs) -> tuple[Measurement, Comparison | None]:
-        """Measure, gate (confirming a slowdown with fresh samples), record."""
+        """Measure, gate (confirming a slowdown with fresh samples), record; all within the time limit."""
+        try:
+            with self.limited(scenario):
+                return self._run(scenario, fn, **kwargs)
+        except ScenarioError as exc:
+            if not any(n == scenario.name for n, _ in self.errors):
+                self.errors.append((scenario.name, exc.problem))
+            raise
+
+    def _run(self, scenario: Scenario, fn: Callable[[], Any], **kwargs) -> tuple[Measurement, Comparison | None]:
         first = self.measure(scenario, fn, **kwargs)
         again = {k: v for k, v in kwargs.items() if k != "load"}  # the cold start happened once
         m, c = self.gate(first, lambda: self.measure(scenario, fn, **again))
@@ -136,51 +155,90 @@ class BenchSession:
                     *, items: int | None = None, proof: Mapping[str, Any] | None = None, clock=None,
                     backend=None) -> tuple[Measurement, Comparison | None]:
         """Measure the current code (`live`, then `rebuild(round)`) and the revision's (`rev_build(round)`)
-        side by side; returns the current side's result and the decision. The revision failing leaves the
-        current side measured on its own, with the reason kept; the current side failing fails the scenario."""
+        side by side in this process; returns the current side's result and the decision. The revision
+        failing leaves the current side measured on its own, with the reason kept; the current side failing
+        fails the scenario."""
         from .backends import backend_for
+        from .sampling import Sampler
+        from .sidebyside import run_rounds
+
+        a = self.config.against
+        rounds, pairs = (a.quick_rounds, a.quick_pairs) if self.config.quick else (a.rounds, a.pairs)
+        build = {"candidate": lambda r: live if r == 0 else rebuild(r), "baseline": rev_build}
+
+        def sides():
+            return run_rounds(build, Sampler(scenario.name, backend or backend_for(self.config.device), clock),
+                              rounds=rounds, pairs=pairs, warmup=a.warmup, seed=a.seed)
+        return self._side_by_side(scenario, live, sides, f"{rounds} rounds x {pairs} pairs, fresh instances every "
+                                                         f"round, one process", items, proof, clock, backend)
+
+    def run_against_workers(self, scenario: Scenario, live, spawn: Mapping[str, Callable[[int], Any]], *,
+                            items: int | None = None, proof: Mapping[str, Any] | None = None
+                            ) -> tuple[Measurement, Comparison | None]:
+        """The same in pairs of worker processes, one per side (`spawn[side](k)`), for code that cannot be
+        loaded twice into one process. Each process keeps a bias of its own, so the pair of processes is the
+        unit of evidence: the interval is wider, and says so. The current side's result is a plain
+        measurement of `live`, here."""
+        from .backends import CpuBackend
+        from .sampling import Sampler
+        from .sidebyside import run_processes
+
+        a = self.config.against
+        k, rounds = (3, 1) if self.config.quick else (a.processes, a.process_rounds)
+        pairs = a.quick_pairs if self.config.quick else a.pairs
+
+        def sides():
+            return run_processes(spawn, Sampler(scenario.name, CpuBackend()), processes=k, rounds=rounds,
+                                 pairs=pairs, seed=a.seed)
+        return self._side_by_side(scenario, live, sides, f"{k} pairs of worker processes x {rounds} rounds x "
+                                                         f"{pairs} pairs (the code cannot be loaded twice into one "
+                                                         f"process)", items, proof, None, None)
+
+    def _side_by_side(self, scenario, live, sides, method, items, proof, clock, backend):
         from .records import ColdStart, Memory
-        from .sampling import Sampler, set_threads
-        from .sidebyside import SideError, estimate_rounds, run_rounds
+        from .sampling import set_threads
+        from .sidebyside import SideError, estimate_rounds
 
         a, dev = self.config.against, self.config.device
-        rounds, pairs = (a.quick_rounds, a.quick_pairs) if self.config.quick else (a.rounds, a.pairs)
         scenario = scenario.with_metadata(device=dev)
         threads = set_threads(self.config.threads)
         rev = f"{a.rev} ({self.revision.revision.commit[:12]})"
-        build = {"candidate": lambda r: live if r == 0 else rebuild(r), "baseline": rev_build}
         try:
-            res = run_rounds(build, Sampler(scenario.name, backend or backend_for(dev), clock), rounds=rounds, pairs=pairs,
-                             warmup=a.warmup, seed=a.seed)
+            with self.limited(scenario):
+                res = sides()
         except SideError as exc:
             if exc.side == "candidate":
                 self.errors.append((scenario.name, exc.problem))
                 raise ScenarioError(scenario.name, exc.problem) from exc
             self.one_side.append((scenario.name, f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}"))
+            res = None
+        if res is None or isinstance(res, list):  # the current side was not timed here: measure it plainly
             m = self.measure(scenario, live.fn, setup=live.setup, items=items, clock=clock, backend=backend)
-            self.results.append(m)
+        else:
+            cur = [x for r in res.candidate for x in r]
+            cold = res.cold["candidate"][0]
+            m = Measurement(scenario=scenario, device=dev, mode="per_call" if live.block_size == 1 else "block",
+                            block_size=live.block_size, warmup=a.warmup, repeats=len(cur),
+                            host_ms=tuple(x.host_ms for x in cur),
+                            gpu_ms=tuple(x.gpu_ms for x in cur) if dev == "cuda" else None,
+                            cold_start=ColdStart(cold.host_ms, cold.gpu_ms, res.load_ms.get("candidate")),
+                            items=items, threads=threads, memory=Memory(), environment=self.environment)
+        self.results.append(m)
+        if res is None:
             return m, None
-        cur = [x for r in res.candidate for x in r]
-        cold = res.cold["candidate"][0]
-        m = Measurement(scenario=scenario, device=dev, mode="per_call" if live.block_size == 1 else "block",
-                        block_size=live.block_size, warmup=a.warmup, repeats=len(cur),
-                        host_ms=tuple(x.host_ms for x in cur),
-                        gpu_ms=tuple(x.gpu_ms for x in cur) if dev == "cuda" else None,
-                        cold_start=ColdStart(cold.host_ms, cold.gpu_ms, res.load_ms.get("candidate")), items=items,
-                        threads=threads, memory=Memory(), environment=self.environment)
-        theirs = res.scenarios.get("baseline")
+        first = res if not isinstance(res, list) else res[0]
+        theirs = first.scenarios.get("baseline")
         diffs = scenario_differences(theirs.with_metadata(device=dev), scenario) if theirs is not None else {}
         thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
         est = estimate_rounds(scenario.name, res, thr, timer=m.timer, differences=diffs)
         (c,) = decide_family([est], replace(self.config.gate, threshold=thr), family_size=self.family_size,
                              advice="more rounds would narrow it (--bench-rounds), or fix the thread count "
                                     "(--bench-threads 1) on a shared machine")
-        c = replace(c, method=f"side by side with {rev}: {rounds} rounds x {pairs} pairs, fresh instances "
-                              f"every round, one process")
-        self.results.append(m)
+        c = replace(c, method=f"side by side with {rev}: {method}")
         self.comparisons.append(c)
-        self.against_records.append({"scenario": scenario.name, "comparison": c.to_dict(), "rounds": res.to_dict(),
-                                     "code": dict(proof or {})})
+        rounds = [r.to_dict() for r in (res if isinstance(res, list) else [res])]
+        self.against_records.append({"scenario": scenario.name, "comparison": c.to_dict(), "method": c.method,
+                                     "rounds": rounds[0] if len(rounds) == 1 else rounds, "code": dict(proof or {})})
         return m, c
 
     # -- gating ----------------------------------------------------------------------------------
@@ -209,7 +267,8 @@ class BenchSession:
 
     @staticmethod
     def fails(c: Comparison | None) -> bool:
-        return c is not None and c.verdict in (SLOWER, INCOMPARABLE)
+        """Slower, incomparable, or input that can never be decided: never green by accident."""
+        return c is not None and (c.verdict in (SLOWER, INCOMPARABLE) or c.unusable)
 
     @property
     def compared_with(self) -> str | None:
@@ -225,11 +284,20 @@ class BenchSession:
         return [n for n in self.baseline if n not in seen]
 
     def ab(self, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any], *, validation=None,
-           state_hash: str | None = None, **kwargs):
-        """Interleaved A/B of two callables on this session's device, after their correctness result."""
-        from .interleaved import ab
+           state_hash: str | None = None, rounds: int | None = None, **kwargs):
+        """Interleaved A/B of two callables on this session's device, after their correctness result.
 
-        if self.config.quick:
+        With `rounds`, `baseline` and `candidate` are factories of steps and every round builds both anew
+        (`interleaved.ab_rounds`): the interval then covers what each instance's allocations add.
+        """
+        from .interleaved import ab, ab_rounds
+
+        if rounds is not None:
+            if self.config.quick:
+                rounds, kwargs = 3, {**kwargs, "pairs": 2}
+            kwargs["rounds"] = rounds
+            ab = ab_rounds
+        elif self.config.quick:
             kwargs.setdefault("repeats", 10)
             kwargs.setdefault("warmup", 1)
         if state_hash is None and validation is not None:
@@ -283,38 +351,68 @@ class BenchSession:
             for name, note in self.one_side:
                 text += f"\n{name}: {note}"
             out.append((f"bench_core comparison with {self.compared_with}", text))
-        return out
+        return [(self.shown(title), self.shown(text)) for title, text in out]
+
+    def shown(self, text: str) -> str:
+        """Text for the terminal: in a diagnose session, whose report may be shared, with secrets redacted."""
+        if self.config.profile is None:
+            return text
+        from .redact import redact
+
+        return redact(text)[0]
 
     # -- storing ---------------------------------------------------------------------------------
-    def finish(self) -> list[str]:
-        """Write what the session produced; returns lines to show the user."""
-        lines = []
+    def finish(self, incomplete: str | None = None) -> tuple[list[str], list[str]]:
+        """Write what the session produced: (lines to show, failures). Every write is attempted on its own,
+        so one that fails (a read-only folder, a full disk) loses nothing else; each failure names its file.
+
+        `incomplete` says why the session is not whole (interrupted, scenarios failed): such a session is
+        never stored as a baseline run, unless `save_incomplete`.
+        """
+        lines: list[str] = []
+        failures: list[str] = []
         if not self.results and not self.errors and not self.decisions:
-            return lines
+            return lines, failures
+
+        def attempt(write: Callable[[], str]) -> None:
+            try:
+                lines.append(write())
+            except Exception as exc:  # noqa: BLE001 - every write gets its chance, every failure is said
+                failures.append(str(exc))
+
         if self.config.results_dir is not None:
-            against = None
-            if self.revision is not None:
-                against = {"baseline": self.revision.revision.to_dict(), "current": self.revision.current.to_dict(),
-                           "scenarios": self.against_records,
-                           "one_side": [{"scenario": n, "note": t} for n, t in self.one_side]}
-            p = storage.write_session(self.config.results_dir, self.results, self.environment,
-                                      [{"scenario": n, "problem": p} for n, p in self.errors],
-                                      [c.to_dict() for c in self.comparisons], against=against)
-            lines.append(f"results written to {p}")
+            attempt(self._write_session)
             for name, res in self.decisions:
-                p = storage.write_decision(self.config.results_dir, res.to_dict(), name)
-                lines.append(f"decision record for {name!r} written to {p}")
+                attempt(lambda name=name, res=res: f"decision record for {name!r} written to "
+                                                   f"{storage.write_decision(self.config.results_dir, res.to_dict(), name)}")
         if self.config.pb_json is not None:
             from .timers import to_pytest_benchmark
 
-            storage.write_pytest_benchmark(self.config.pb_json,
-                                           to_pytest_benchmark(self.results, self.environment, storage.now_iso()))
-            lines.append(f"pytest-benchmark JSON written to {self.config.pb_json}")
-        if self.config.save and self.results:
-            path, n = storage.save_baseline(self.config.baselines_dir, self.config.save, self.results,
-                                            self.environment, append=self.config.append)
-            lines.append(f"baseline {self.config.save!r} saved to {path} ({n} run{'s' if n != 1 else ''})")
-        return lines
+            attempt(lambda: "pytest-benchmark JSON written to " + str(storage.write_pytest_benchmark(
+                self.config.pb_json, to_pytest_benchmark(self.results, self.environment, storage.now_iso()))))
+        if self.config.save is not None and self.results:
+            if incomplete and not self.config.save_incomplete:
+                lines.append(f"baseline {self.config.save!r} NOT saved: {incomplete}; a baseline run must be a "
+                             f"whole, passing session (--bench-save-incomplete stores it anyway)")
+            else:
+                attempt(self._save_baseline)
+        return lines, failures
+
+    def _write_session(self) -> str:
+        against = None
+        if self.revision is not None:
+            against = {"baseline": self.revision.revision.to_dict(), "current": self.revision.current.to_dict(),
+                       "scenarios": self.against_records,
+                       "one_side": [{"scenario": n, "note": t} for n, t in self.one_side]}
+        p = storage.write_session(self.config.results_dir, self.results, self.environment,
+                                  [{"scenario": n, "problem": p} for n, p in self.errors],
+                                  [c.to_dict() for c in self.comparisons], against=against)
+        return f"results written to {p}"
+
+    def _save_baseline(self) -> str:
+        path, n = storage.save_baseline(self.config.baselines_dir, self.config.save, self.results,
+                                        self.environment, append=self.config.append)
+        return f"baseline {self.config.save!r} saved to {path} ({n} run{'s' if n != 1 else ''})"
 
 
 def _describe(rev) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -37,6 +37,16 @@ class SideError(ScenarioError):
         super().__init__(cause.scenario, f"{side}: {cause.problem}")
 
 
+def on_side(side: str, fn: Callable[[], Any]) -> Any:
+    """Run `fn` for `side`; a ScenarioError comes back as a SideError naming that side."""
+    try:
+        return fn()
+    except SideError:
+        raise
+    except ScenarioError as exc:
+        raise SideError(side, exc) from exc
+
+
 @dataclass(frozen=True)
 class Instance:
     """One freshly built side of a round: the zero-argument step and its optional `load` and `setup`."""
@@ -46,6 +56,7 @@ class Instance:
     load: Callable[[], Any] | None = None
     block_size: int = 1
     scenario: Any = None           # the side's own Scenario record, when it declared one
+    remote: Callable[[], Sample] | None = None   # takes a sample elsewhere (a worker process) instead of `fn`
 
 
 @dataclass(frozen=True)
@@ -78,12 +89,14 @@ class Rounds:
 
 
 def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, *, rounds: int, pairs: int,
-               warmup: int = 1, seed: int = 0) -> Rounds:
+               warmup: int = 1, seed: int = 0, min_rounds: int = 3) -> Rounds:
     """`build[side](round)` makes a fresh instance of that side. Each round: build both (in random order),
     a first (cold) call and `warmup` more of each, kept out of the estimate, then `pairs` pairs, each in
-    a random order. Nothing else runs between the two samples of a pair. A failure raises SideError."""
-    if rounds < 3 or pairs < 1:
-        raise ValueError(f"side by side needs at least 3 rounds and 1 pair, got {rounds} and {pairs}")
+    a random order. Nothing else runs between the two samples of a pair. A failure raises SideError.
+    The rounds are the unit of evidence, so there must be `min_rounds` of them (3, for a spread with 2
+    degrees of freedom), unless these rounds are one part of a larger unit (a pair of processes)."""
+    if rounds < min_rounds or pairs < 1:
+        raise ValueError(f"side by side needs at least {min_rounds} rounds and 1 pair, got {rounds} and {pairs}")
     runner = _Runner(build, sampler, random.Random(seed))
     with gc_frozen():
         for r in range(rounds):
@@ -104,13 +117,12 @@ class _Runner:
         self.inst: dict[str, Instance] = {}
 
     def on(self, side: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except ScenarioError as exc:
-            raise SideError(side, exc) from exc
+        return on_side(side, fn)
 
     def timed(self, side: str, what: str) -> Sample:
         i = self.inst[side]
+        if i.remote is not None:
+            return self.on(side, i.remote)
         if i.setup is not None:
             self.on(side, lambda: self.sampler.call(f"setup before {what}", i.setup))
         return self.on(side, lambda: self.sampler.sample(i.fn, i.block_size, what=what))
@@ -141,14 +153,18 @@ class _Runner:
         self.inst.clear()  # this round's instances go before the next round allocates its own
 
 
-def estimate_rounds(name: str, rounds: Rounds, threshold: float, *, timer: str,
+def estimate_rounds(name: str, rounds: Rounds | Sequence[Rounds], threshold: float, *, timer: str,
                     differences: Mapping[str, Any] | None = None) -> Comparison:
     """The change (candidate / baseline time) with its standard error and p, undecided: hand it to
-    `compare.decide_family`. A zero or non-finite sample makes the comparison inconclusive."""
-    base_all = [v for r in rounds.primary("baseline") for v in r]
-    cand_all = [v for r in rounds.primary("candidate") for v in r]
+    `compare.decide_family`. A zero or non-finite sample makes the comparison inconclusive.
+
+    A sequence of Rounds is one per pair of worker processes: each process keeps a bias of its own for
+    all its rounds, so the unit of evidence is then the process pair (the mean of its rounds)."""
+    parts = [rounds] if isinstance(rounds, Rounds) else list(rounds)
+    base_all = [v for part in parts for r in part.primary("baseline") for v in r]
+    cand_all = [v for part in parts for r in part.primary("candidate") for v in r]
     flat = base_all + cand_all
-    n = len(rounds.baseline)
+    n = len(parts[0].baseline) if len(parts) == 1 else len(parts)
     common = dict(name=name, threshold=threshold, baseline_runs=n, candidate_runs=n, timer=timer,
                   differences=dict(differences or {}),
                   baseline_median=float(np.median(base_all)) if base_all else None,
@@ -159,7 +175,8 @@ def estimate_rounds(name: str, rounds: Rounds, threshold: float, *, timer: str,
     if not flat or min(flat) <= 0 or not all(math.isfinite(v) for v in flat):
         return Comparison(verdict="inconclusive",
                           reason="a sample is 0 ms or not finite (below the timer's resolution?): no ratio", **common)
-    logs = np.asarray(rounds.round_log_ratios)
+    logs = np.asarray(parts[0].round_log_ratios if len(parts) == 1 else
+                      [float(np.mean(part.round_log_ratios)) for part in parts])
     d = float(logs.mean())
     sd = float(logs.std(ddof=1))
     if sd == 0.0:  # identical rounds: a clock too coarse to see any spread; say so rather than divide by 0
@@ -168,3 +185,32 @@ def estimate_rounds(name: str, rounds: Rounds, threshold: float, *, timer: str,
     se = sd / math.sqrt(n)
     return Comparison(verdict=None, reason="", ratio=math.exp(d), p_value=t_test(d, se, n - 1), df=float(n - 1), se=se,
                       **common)
+
+
+def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *, processes: int, rounds: int,
+                  pairs: int, seed: int = 0) -> list[Rounds]:
+    """Side by side in pairs of worker processes: `spawn[side](k)` starts side's k-th worker (a
+    `worker.Worker`); each pair runs `rounds` rounds of fresh instances, built and timed in the workers,
+    samples asked for alternately in a seeded random order. Every worker ends with its pair."""
+    if processes < 3:
+        raise ValueError(f"worker mode needs at least 3 pairs of processes, got {processes}")
+    out = []
+    for k in range(processes):
+        workers: dict[str, Any] = {}
+        try:
+            for side in random.Random(seed + k).sample(SIDES, 2):
+                workers[side] = on_side(side, lambda: spawn[side](k))
+            for side, w in workers.items():   # both started, each loading its code meanwhile
+                on_side(side, w.wait_ready)
+
+            def builder(side: str):
+                def build(r: int) -> Instance:
+                    declared = workers[side].build()
+                    return Instance(fn=lambda: None, remote=workers[side].sample, scenario=declared)
+                return build
+            out.append(run_rounds({s: builder(s) for s in SIDES}, sampler, rounds=rounds, pairs=pairs, seed=seed + k,
+                                  min_rounds=1))
+        finally:
+            for w in workers.values():
+                w.close()
+    return out

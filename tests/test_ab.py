@@ -148,3 +148,55 @@ def test_identity_of_bound_variants_names_step_and_optimizer():
     assert a["step"] == b["step"] and a["step"]["name"].endswith(".step")
     assert a["optimizer"]["source_sha256"] != b["optimizer"]["source_sha256"]
     loop()  # the bound step runs on its own model
+
+
+# -- instance bias: identical code on separately built instances (issue 11) ---------------------------------
+def _biased_factory(clock, ms, rng, sd):
+    """Each call builds a new instance whose every call takes `ms` times its own persistent bias."""
+    def make():
+        k = float(np.exp(rng.normal(0, sd)))
+        return lambda: clock.advance_ms(ms * k)
+    return make
+
+
+def test_plain_ab_mistakes_two_instances_for_two_programs_and_ab_rounds_does_not():
+    from bench_core.interleaved import ab_rounds
+
+    rng = np.random.default_rng(7)
+    clock = FakeClock()
+    mistaken = 0
+    for _ in range(10):   # identical code, one fixed instance per side, each with ~3% of its own bias
+        a, b = _biased_factory(clock, 2.0, rng, 0.03)(), _biased_factory(clock, 2.0, rng, 0.03)()
+        mistaken += ab(a, b, clock=clock, repeats=20, warmup=1).verdict != NO_DIFFERENCE
+    assert mistaken >= 5
+    for seed in range(5):
+        r = ab_rounds(_biased_factory(clock, 2.0, rng, 0.03), _biased_factory(clock, 2.0, rng, 0.03),
+                      clock=clock, rounds=12, pairs=2, seed=seed)
+        assert r.verdict == NO_DIFFERENCE, r.reason
+        assert r.ci_low < 1.0 < r.ci_high and "12 rounds" in r.reason
+
+
+def test_ab_rounds_detects_a_real_five_percent_through_small_instance_bias():
+    from bench_core.interleaved import ab_rounds
+
+    rng = np.random.default_rng(8)
+    clock = FakeClock()
+    r = ab_rounds(_biased_factory(clock, 2.1, rng, 0.005), _biased_factory(clock, 2.0, rng, 0.005), clock=clock)
+    assert r.verdict == FASTER and r.ci_low < 1.05 < r.ci_high
+    assert len(r.baseline_ms) == 12 * 4 and r.params["rounds"] == 12
+
+
+def test_ab_rounds_names_what_ran_and_refuses_non_factories():
+    from bench_core.interleaved import ab_rounds
+
+    clock = FakeClock()
+
+    def base_step():
+        clock.advance_ms(1.0)
+
+    r = ab_rounds(lambda: base_step, lambda: base_step, clock=clock, rounds=3, pairs=1)
+    assert r.identities["baseline"]["name"].endswith("base_step")
+    with pytest.raises(ScenarioError, match="factory"):
+        ab_rounds(lambda: None, lambda: base_step, clock=clock, rounds=3, pairs=1)
+    with pytest.raises(ScenarioError, match="make_candidate must be callable"):
+        ab_rounds(lambda: base_step, None)

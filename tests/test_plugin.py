@@ -295,18 +295,24 @@ def test_delta(bench):
 '''
 
 
-@pytest.fixture
-def against_repo(bt):
+def committed(pytester, **files):
+    """Make `pytester.path` a git repository whose one commit holds `files`."""
     import subprocess
 
     def git(*args):
-        subprocess.run(["git", *args], cwd=bt.path, check=True, capture_output=True,
+        subprocess.run(["git", *args], cwd=pytester.path, check=True, capture_output=True,
                        env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
-                            "GIT_COMMITTER_EMAIL": "t@example.invalid", "HOME": str(bt.path), "PATH": "/usr/bin:/bin"})
+                            "GIT_COMMITTER_EMAIL": "t@example.invalid", "HOME": str(pytester.path),
+                            "PATH": "/usr/bin:/bin"})
     git("init", "-q")
-    bt.makepyfile(test_sides_inner=AGAINST_V1)
+    pytester.makepyfile(**files)
     git("add", "-A")
     git("commit", "-qm", "v1")
+
+
+@pytest.fixture
+def against_repo(bt):
+    committed(bt, test_sides_inner=AGAINST_V1)
     bt.makepyfile(test_sides_inner=AGAINST_V2)   # uncommitted: the working tree is the candidate
     return bt
 
@@ -345,3 +351,68 @@ def test_against_usage_errors_stop_the_session_before_any_work(against_repo, arg
     res = against_repo.runpytest(*args)
     assert res.ret == pytest.ExitCode.USAGE_ERROR
     res.stderr.fnmatch_lines([needle])
+
+
+@pytest.mark.parametrize("opt", ["--bench-compare", "--bench-save"])
+def test_a_baseline_name_given_empty_is_an_error_not_a_quiet_no_op(bt, opt):
+    # an unset $BASELINE in CI: `--bench-compare "$BASELINE"` must not go green having compared nothing
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    res = bt.runpytest(opt, "")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*baseline name '' is not valid*"])
+
+
+def test_a_hanging_scenario_fails_by_name_within_its_time_limit(bt):
+    bt.makepyfile(test_hang='''
+import time
+from bench_core import Scenario
+
+def test_hangs(bench):
+    bench.run(Scenario("stuck", ("compute",)), lambda: time.sleep(3600))
+
+def test_fine(bench):
+    bench.run(Scenario("fine", ("compute",)), lambda: None)
+''')
+    res = bt.runpytest("--bench-timeout", "0.5", "--bench-repeats", "2", "--bench-warmup", "0")
+    res.assert_outcomes(passed=1, failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'stuck': ran past its time limit of 0.5 s*"])
+
+
+def test_a_profile_folder_that_is_a_file_stops_the_session_before_any_work(bt):
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    (bt.path / "prof").write_text("not a folder")
+    res = bt.runpytest("--bench-profile", "prof")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*--bench-profile prof: is a file*"])
+
+
+ISOLATED = '''
+import time
+import torch
+from bench_core import Scenario
+
+# registered at import: a second copy of this module cannot be loaded into the same process
+LIB = torch.library.Library("bench_isolated_test", "DEF")
+LIB.define("noop(Tensor x) -> Tensor")
+MS = {ms}
+
+def test_isolated(bench):
+    bench.run(Scenario("isolated", ("compute",)), lambda: time.sleep(MS / 1000))
+'''
+
+
+def test_code_that_cannot_load_twice_is_compared_in_worker_processes(pytester):
+    import subprocess
+
+    committed(pytester, test_isolated=ISOLATED.format(ms=2))
+    pytester.makepyfile(test_isolated=ISOLATED.format(ms=6))      # three times slower
+    res = pytester.runpytest_subprocess("--bench-against", "HEAD", "--bench-quick")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'isolated': slower against revision 'HEAD'*",
+                              "*3 pairs of worker processes x 1 rounds x 2 pairs (the code cannot be loaded twice*"])
+    (path,) = (pytester.path / ".bench" / "results").glob("session-*.json")
+    rec = json.loads(path.read_text())["against"]["scenarios"][0]
+    assert len(rec["rounds"]) == 3 and "cannot be loaded beside" in rec["code"]["why_workers"]
+    assert 2.5 < rec["comparison"]["ratio"] < 3.5
+    out = subprocess.run(["pgrep", "-f", "bench_core.worker"], capture_output=True, text=True).stdout
+    assert not out.strip(), "a worker process was left behind"
