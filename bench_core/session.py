@@ -30,7 +30,7 @@ class AgainstConfig:
     """
 
     rev: str
-    rounds: int = 12         # 12 x (1 first call + 4 pairs) x 2 sides = 120 calls: ~2.5x a plain run here
+    rounds: int = 12         # 12 x (1 first call + 4 pairs) x 2 sides = 120 calls: 2.2-2.3x a plain run here
     pairs: int = 4
     warmup: int = 0          # the first call of each instance (kept apart) already warms it
     seed: int = 0

@@ -102,9 +102,10 @@ class Worker:
         ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout_s)
         line = self.proc.stdout.readline() if ready else ""
         if not line:
-            self.close()
             why = "did not answer in time" if not ready else "ended"
+            self._kill()                      # a hung or broken worker gets no polite goodbye
             err = (self.proc.stderr.read() or "").strip().splitlines()[-3:]
+            self.close()
             raise ScenarioError(self.scenario, f"the {self.side}'s worker process {why}: "
                                                f"{' / '.join(err) or 'no output'}")
         out = json.loads(line)
@@ -127,17 +128,22 @@ class Worker:
         out = self._send({"cmd": "sample"})
         return Sample(out["host_ms"], out["gpu_ms"])
 
+    def _kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                self._kill()
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            stream.close()
+            if not stream.closed:
+                stream.close()
 
     def __enter__(self) -> "Worker":
         return self

@@ -132,3 +132,58 @@ def test_the_scenario_record_of_each_side_is_kept():
 def test_too_few_rounds_are_refused():
     with pytest.raises(ValueError, match="at least 3 rounds"):
         run_rounds(builders(FakeClock(), 1, 1), Sampler("s", CpuBackend(), FakeClock()), rounds=2, pairs=3)
+
+
+def test_on_a_gpu_both_sides_are_timed_by_events_one_at_a_time():
+    from bench_core.backends import CudaBackend
+    from fakes import FakeGPU
+
+    clock = FakeClock()
+    gpu = FakeGPU(clock)
+    running = []
+
+    def side(ms):
+        def build(r):
+            def step():
+                running.append(gpu.free_at <= clock.now)   # nothing of the other side still on the device
+                gpu.launch(work_ms=ms, launch_ms=0.1)
+            return Instance(step)
+        return build
+
+    res = run_rounds({"baseline": side(2.0), "candidate": side(3.0)}, Sampler("s", CudaBackend(gpu), clock),
+                     rounds=3, pairs=2)
+    assert all(running)                                       # every sample synchronized before the next
+    assert all(x.gpu_ms is not None for r in res.candidate for x in r)
+    assert res.round_log_ratios == pytest.approx([math.log(3.1 / 2.1)] * 3)   # GPU time is the primary figure
+
+
+def _worker_test(tmp_path, body):
+    f = tmp_path / "test_w.py"
+    f.write_text("import os, time\n\ndef test_w(bench):\n    " + body + "\n")
+    return {"side": "baseline", "scenario": "w", "import_roots": [str(tmp_path)], "test_file": str(f),
+            "function": "test_w", "params": {}, "device": "cpu", "quick": True, "threads": 1}
+
+
+@pytest.mark.parametrize("body, needle", [("time.sleep(60)", "did not answer in time"),
+                                          ("os._exit(3)", "ended")])
+def test_a_worker_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needle):
+    from bench_core.worker import Worker
+
+    w = Worker(_worker_test(tmp_path, body), timeout_s=3)
+    w.wait_ready()
+    with pytest.raises(ScenarioError, match=f"the baseline's worker process {needle}"):
+        w.build()
+    assert w.proc.poll() is not None          # ended, not left behind
+
+
+def test_a_worker_serves_fresh_instances_and_samples(tmp_path):
+    from bench_core.worker import Worker
+
+    init = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
+                                  'bench.run(Scenario("w", ("compute",)), lambda: time.sleep(0.002))')
+    with Worker(init) as w:
+        w.wait_ready()
+        assert w.build().name == "w"
+        s = w.sample()
+        assert 1.5 < s.host_ms < 50 and s.gpu_ms is None
+    assert w.proc.poll() is not None
