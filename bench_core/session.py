@@ -213,7 +213,8 @@ class BenchSession:
             self.one_side.append((scenario.name, f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}"))
             res = None
         if res is None or isinstance(res, list):  # the current side was not timed here: measure it plainly
-            m = self.measure(scenario, live.fn, setup=live.setup, items=items, clock=clock, backend=backend)
+            with self.limited(scenario):
+                m = self.measure(scenario, live.fn, setup=live.setup, items=items, clock=clock, backend=backend)
         else:
             cur = [x for r in res.candidate for x in r]
             cold = res.cold["candidate"][0]

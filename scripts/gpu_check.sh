@@ -1,12 +1,36 @@
 #!/usr/bin/env bash
-# Every check that needs a real NVIDIA GPU, in a few minutes. CI has no GPU; run this on a GPU machine.
-set -euo pipefail
+# First contact with a lent GPU: every check that needs real hardware, in a few minutes. CI has no GPU.
+# Each step runs under its own time limit, its output and exit status are kept under $OUT, and a failing step
+# does not stop the ones after it: one crash must not hide what the rest would have shown.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-$(mktemp -d)}"
-python -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print(torch.__version__, torch.cuda.get_device_name())"
-echo "== tests marked gpu, and every CPU test, with --gpu =="
-python -m pytest tests --gpu -q
-echo "== benchmarks on CUDA, quick sizes =="
-python -m pytest benchmarks --gpu --bench-quick -q --bench-out "$out/results"
-echo "== diagnose pass on CUDA =="
-python -m pytest benchmarks --gpu --bench-quick -q --bench-no-out -k "train_step and cnn" --bench-profile "$out/prof"
+mkdir -p "$out"
+summary="$out/summary.txt"
+: > "$summary"
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit}s) =="
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  tail -n 15 "$out/$name.log"
+  printf '%-22s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$summary"
+}
+
+step environment 60 bash -c 'nvidia-smi; python -c "
+import torch
+print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version())
+print(torch.cuda.get_device_properties(0))
+print(torch.profiler.supported_activities())
+x = torch.ones(1, device=\"cuda\"); print(sorted(torch.cuda.memory_stats()))
+"'
+step tests_gpu 300 python -m pytest tests --gpu -q -m gpu
+step benchmarks_gpu 300 python -m pytest benchmarks --gpu --bench-quick -q --bench-out "$out/results"
+step diagnose_gpu 180 python -m pytest benchmarks --gpu --bench-quick -q --bench-no-out -k "train_step and cnn" \
+  --bench-profile "$out/prof"
+echo "== summary =="
+cat "$summary"
+! grep -qv " rc=0 " "$summary"
