@@ -15,6 +15,7 @@ class Backend(Protocol):
 
     def synchronize(self) -> None: ...
     def event(self) -> Any | None: ...
+    def record(self, event: Any) -> None: ...
     def elapsed_ms(self, start: Any, end: Any) -> float: ...
     def memory_begin(self) -> None: ...
     def memory_end(self) -> Memory: ...
@@ -29,6 +30,9 @@ class CpuBackend:
         return None
 
     def event(self) -> None:
+        return None
+
+    def record(self, event) -> None:
         return None
 
     def elapsed_ms(self, start, end) -> float:  # pragma: no cover - never called without events
@@ -59,14 +63,18 @@ class CudaBackend:
         self.cuda.synchronize(self.device)
 
     def event(self):
-        ev = self.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
+        """A timing event, created but not recorded (torch creates the CUDA event at its first record)."""
+        return self.cuda.Event(enable_timing=True)
+
+    def record(self, event) -> None:
+        event.record()
 
     def elapsed_ms(self, start, end) -> float:
         return float(start.elapsed_time(end))
 
     def memory_begin(self) -> None:
+        # reset_peak_memory_stats sets the peak to what is allocated *now*, not to zero: the window's own
+        # figure is the peak minus that starting allocation
         self.cuda.reset_peak_memory_stats(self.device)
         self._start_stats = dict(self.cuda.memory_stats(self.device))
 
@@ -81,7 +89,11 @@ class CudaBackend:
         def peak(key):
             return int(end[key]) if key in end else None
 
+        start_alloc = self._start_stats.get("allocated_bytes.all.current")
+        window = (None if "allocated_bytes.all.peak" not in end or start_alloc is None
+                  else max(0, int(end["allocated_bytes.all.peak"]) - int(start_alloc)))
         return Memory(
+            window_peak_bytes=window,
             peak_allocated_bytes=peak("allocated_bytes.all.peak"),
             peak_reserved_bytes=peak("reserved_bytes.all.peak"),
             device_allocs=delta("num_device_alloc"),

@@ -14,8 +14,11 @@ from . import __version__
 COMPARABILITY_FIELDS = (
     "device",
     "gpu_name",
+    "gpu_sm_count",        # two MIG slices share a GPU name; their SM counts and memory differ
+    "gpu_memory_bytes",
+    "gpu_driver",
     "torch_major_minor",
-    "cuda_version",
+    "cuda_version",        # the CUDA torch was built with; the driver's is gpu_driver
     "allow_tf32_matmul",
     "allow_tf32_cudnn",
     "deterministic_algorithms",
@@ -64,7 +67,7 @@ def _gpu_fields(torch: Any) -> dict:
     try:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         out.update(gpu_name=props.name, gpu_capability=f"{props.major}.{props.minor}",
-                   gpu_memory_bytes=int(props.total_memory))
+                   gpu_memory_bytes=int(props.total_memory), gpu_sm_count=int(props.multi_processor_count))
     except Exception:
         pass
     out["gpu_driver"] = _nvidia_driver()
@@ -94,6 +97,7 @@ def fingerprint(device: str = "cpu", root: str | None = None, torch_module: Any 
         "gpu_name": None,
         "gpu_capability": None,
         "gpu_memory_bytes": None,
+        "gpu_sm_count": None,
         "gpu_driver": None,
         "allow_tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "allow_tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),

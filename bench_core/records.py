@@ -37,8 +37,9 @@ def _opt_ms(v: float | None, what: str, scenario: str) -> float | None:
 class Memory:
     """Device memory over the timed window. None means not observed (e.g. on the CPU), never 0."""
 
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
+    peak_allocated_bytes: int | None = None    # absolute: every resident tensor (weights, inputs...) included
+    peak_reserved_bytes: int | None = None     # absolute: the cache's high-water mark, whatever ran before
+    window_peak_bytes: int | None = None       # the timed window's own figure: peak allocated minus allocated at its start
     device_allocs: int | None = None      # cudaMalloc calls made by the caching allocator in the window
     alloc_retries: int | None = None      # times the allocator freed its cache and retried
 

@@ -39,7 +39,7 @@ def _rate(v: float | None) -> str:
 
 
 SESSION_HEADERS = ["scenario", "device", "timer", "mode", "cold start ms", "median ms", "IQR ms",
-                   "min ms", "max ms", "n", "throughput", "peak mem"]
+                   "min ms", "max ms", "n", "throughput", "window mem"]
 
 
 def session_rows(results: Sequence[Measurement]) -> list[list[str]]:
@@ -52,7 +52,7 @@ def session_rows(results: Sequence[Measurement]) -> list[list[str]]:
             cold_txt += f" (+load {_ms(m.cold_start.load_ms)})"
         mode = m.mode if m.mode == "per_call" else f"block x{m.block_size}"
         rows.append([m.name, m.device, m.timer, mode, cold_txt, _ms(s.median), _ms(s.iqr), _ms(s.min),
-                     _ms(s.max), s.n, _rate(m.throughput), _bytes(m.memory.peak_allocated_bytes)])
+                     _ms(s.max), s.n, _rate(m.throughput), _bytes(m.memory.window_peak_bytes)])
         if m.gpu_ms is not None:  # the end-to-end figure, on its own row: never mixed with GPU time
             h = m.host_summary
             rows.append(["  (end-to-end)", m.device, "host+sync", mode, _ms(m.cold_start.first_call_ms),

@@ -106,6 +106,19 @@ class Sampler:
         self.scenario = scenario
         self.backend = backend
         self.clock = clock or time.perf_counter_ns
+        self._events = None
+
+    def _event_pair(self):
+        """One start/end pair for every sample, each recorded once before the first: a CUDA event is
+        created at its first record, and that creation must not land inside a measured interval."""
+        if self._events is None:
+            start, end = self.backend.event(), self.backend.event()
+            if start is not None:
+                self.backend.record(start)
+                self.backend.record(end)
+                self.backend.synchronize()
+            self._events = (start, end)
+        return self._events
 
     def call(self, what: str, fn: Callable[[], Any]) -> Any:
         """Run user code untimed; a failure names the scenario and `what` (cause chained)."""
@@ -129,12 +142,13 @@ class Sampler:
 
     def _timed(self, fn: Callable[[], Any], calls: int, what: str) -> Sample:
         backend, clock = self.backend, self.clock
+        start_ev, end_ev = self._event_pair()
         backend.synchronize()  # earlier work must not leak into this window
-        start_ev = backend.event()
+        backend.record(start_ev)
         t0 = clock()
         for _ in range(calls):
             out = fn()
-        end_ev = backend.event()
+        backend.record(end_ev)
         backend.synchronize()
         t1 = clock()
         gpu = backend.elapsed_ms(start_ev, end_ev) / calls if start_ev is not None else None

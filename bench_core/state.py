@@ -127,9 +127,15 @@ def _restore_rng(rng: Mapping) -> None:
         name, keys, pos, has_gauss, gauss = rng["numpy"]
         np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
     if "cuda" in rng and torch.cuda.is_available():
-        states = rng["cuda"]
-        if len(states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all([s.cpu() for s in states])
+        states, visible = rng["cuda"], torch.cuda.device_count()
+        if len(states) != visible:  # never silently: draws on the devices without a state would differ
+            import warnings
+
+            warnings.warn(f"the starting state holds CUDA RNG states for {len(states)} device(s) and {visible} are "
+                          f"visible now: restored for the first {min(len(states), visible)}; random draws on the "
+                          f"others are not reproduced (set CUDA_VISIBLE_DEVICES as at capture)", stacklevel=3)
+        for i, state in enumerate(states[:visible]):
+            torch.cuda.set_rng_state(state.cpu(), i)
 
 
 def _python_state(state):

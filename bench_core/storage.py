@@ -17,7 +17,8 @@ JSON files (session results, baselines and A/B decision records share the versio
     same samples) is refused. A session run with
     `--bench-against REV` has `against`: both revisions (commit, dirty state and the hash of its diff),
     per scenario the raw samples of every round and side, the decision and the files each side's code
-    came from with their sha256. Version 1 files are read as before.
+    came from with their sha256. A result's `memory` has `window_peak_bytes`, the timed window's own peak
+    over what was allocated when it began (absent: not observed). Version 1 files are read as before.
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,

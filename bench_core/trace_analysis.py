@@ -66,9 +66,22 @@ def _overlap_us(spans: Sequence[tuple[float, float]], busy: Sequence[tuple[float
     return total
 
 
+def _launched_in_stage(ev: Sequence[Mapping], stage: str) -> set:
+    """Correlation ids of the device work launched (on the CPU timeline) inside a `stage::` span."""
+    spans = [(e.get("tid"), e["ts"], e["ts"] + e["dur"]) for e in ev
+             if e.get("name") == f"{STAGE_PREFIX}{stage}" and e.get("cat") != "gpu_user_annotation"]
+    out = set()
+    for e in ev:
+        if e.get("cat") == "cuda_runtime" and (e.get("args") or {}).get("correlation") is not None:
+            if any(tid == e.get("tid") and s <= e["ts"] <= end for tid, s, end in spans):
+                out.add(e["args"]["correlation"])
+    return out
+
+
 def facts(events: Iterable[Mapping]) -> TraceFacts:
     ev = _complete(events)
-    steps = [e for e in ev if STEP_RE.match(str(e.get("name", "")))]
+    # GPU traces carry a gpu_user_annotation copy of every ProfilerStep: counting both would halve every per-step figure
+    steps = [e for e in ev if STEP_RE.match(str(e.get("name", ""))) and e.get("cat") != "gpu_user_annotation"]
     n = len(steps) or 1
     gpu = [e for e in ev if e.get("cat") in GPU_CATS]
     stage = defaultdict(float)
@@ -124,8 +137,10 @@ def analyze(events: Sequence[Mapping], *, idle_fraction: float = 0.5, min_launch
 
     # 2. the same-sized host-to-device copy repeated every step
     h2d = Counter()
+    batch_copies = _launched_in_stage(ev, "transfer")   # copying the batch in is the step's job, not a constant
     for e in ev:
-        if e.get("cat") == "gpu_memcpy" and "HtoD" in str(e.get("name", "")):
+        if e.get("cat") == "gpu_memcpy" and "HtoD" in str(e.get("name", "")) and \
+                (e.get("args") or {}).get("correlation") not in batch_copies:
             h2d[(e.get("args") or {}).get("bytes")] += 1
     for size, count in h2d.items():
         if size is not None and f.steps and count >= f.steps:

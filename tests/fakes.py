@@ -44,17 +44,23 @@ class FakeGPU:
         self.clock = clock
         self.free_at = clock.now      # when the GPU finishes everything queued so far
         self.syncs = 0
-        self.stats = {"allocated_bytes.all.peak": 0, "reserved_bytes.all.peak": 0,
+        self.stats = {"allocated_bytes.all.current": 0, "allocated_bytes.all.peak": 0,
+                      "reserved_bytes.all.current": 0, "reserved_bytes.all.peak": 0,
                       "num_device_alloc": 0, "num_alloc_retries": 0}
         self.peak_resets = 0
+        self.events_made = 0
+        self.event_create_ms = 0.05
         gpu = self
 
         class Event:
             def __init__(self, enable_timing=False):
                 assert enable_timing, "timing events must be created with enable_timing=True"
                 self.t = None
+                gpu.events_made += 1
 
             def record(self, stream=None):
+                if self.t is None:   # as torch does: the CUDA event is created at its first record, on the host
+                    gpu.clock.advance_ms(gpu.event_create_ms)
                 gpu.free_at = max(gpu.free_at, gpu.clock.now)
                 self.t = gpu.free_at
 
@@ -73,9 +79,10 @@ class FakeGPU:
         self.clock.now = max(self.clock.now, self.free_at)
 
     def reset_peak_memory_stats(self, device=None):
+        # as the caching allocator does: a peak is reset to what is allocated now, not to zero
         self.peak_resets += 1
-        self.stats["allocated_bytes.all.peak"] = 0
-        self.stats["reserved_bytes.all.peak"] = 0
+        self.stats["allocated_bytes.all.peak"] = self.stats["allocated_bytes.all.current"]
+        self.stats["reserved_bytes.all.peak"] = self.stats["reserved_bytes.all.current"]
 
     def memory_stats(self, device=None):
         return dict(self.stats)
@@ -87,9 +94,16 @@ class FakeGPU:
         self.free_at = start + int(round(work_ms * MS))
 
     def allocate(self, nbytes: int) -> None:
-        self.stats["num_device_alloc"] += 1
-        self.stats["allocated_bytes.all.peak"] = max(self.stats["allocated_bytes.all.peak"], nbytes)
-        self.stats["reserved_bytes.all.peak"] = max(self.stats["reserved_bytes.all.peak"], 2 * nbytes)
+        """A tensor of `nbytes` that lives until `free(nbytes)`; the cache reserves twice what it hands out."""
+        st = self.stats
+        st["num_device_alloc"] += 1
+        st["allocated_bytes.all.current"] += nbytes
+        st["reserved_bytes.all.current"] = max(st["reserved_bytes.all.current"], 2 * st["allocated_bytes.all.current"])
+        st["allocated_bytes.all.peak"] = max(st["allocated_bytes.all.peak"], st["allocated_bytes.all.current"])
+        st["reserved_bytes.all.peak"] = max(st["reserved_bytes.all.peak"], st["reserved_bytes.all.current"])
+
+    def free(self, nbytes: int) -> None:
+        self.stats["allocated_bytes.all.current"] -= nbytes   # the cache keeps what it reserved
 
 
 def work(clock: FakeClock, *ms: float):

@@ -246,3 +246,26 @@ def test_no_planted_secret_reaches_any_file_or_line_a_diagnose_pass_produces(pyt
     else:
         assert written and "<redacted:token>" in "".join(written.values())
 
+
+
+def test_gpu_copies_of_step_markers_are_not_counted_twice():
+    # GPU traces carry a gpu_user_annotation copy of each ProfilerStep (issue 15)
+    ev = steps(3) + [X(f"ProfilerStep#{i}", i * 1000 + 5, 990, cat="gpu_user_annotation", tid=7) for i in range(3)]
+    f = facts(ev)
+    assert f.steps == 3 and f.step_us == pytest.approx(1000)
+
+
+def test_the_batch_copied_in_a_transfer_stage_is_not_a_re_created_constant():
+    ev = steps(3)
+    for i in range(3):
+        t = i * 1000
+        ev.append(X("stage::transfer", t, 100, cat="user_annotation"))
+        ev.append(X("cudaMemcpyAsync", t + 10, 5, cat="cuda_runtime", correlation=2 * i))
+        ev.append(X("Memcpy HtoD (Pinned -> Device)", t + 50, 40, cat="gpu_memcpy", tid=7, bytes=4096,
+                    correlation=2 * i))
+        # and a constant built and copied every step, outside the transfer stage
+        ev.append(X("cudaMemcpyAsync", t + 500, 5, cat="cuda_runtime", correlation=2 * i + 1))
+        ev.append(X("Memcpy HtoD (Pageable -> Device)", t + 520, 2, cat="gpu_memcpy", tid=7, bytes=40,
+                    correlation=2 * i + 1))
+    (r,) = [r for r in analyze(ev)[1] if r.rule == "repeated_h2d"]
+    assert "a 40-byte host-to-device copy" in r.observation   # the 4096-byte batch copy is not reported

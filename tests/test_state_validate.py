@@ -378,3 +378,30 @@ def test_a_saved_state_keeps_grads_and_modes_across_the_file(tmp_path):
     back.restore(fresh)
     assert all(torch.equal(p.grad, torch.ones_like(p)) for p in fresh.parameters())
     assert fresh.training and not fresh[1].training
+
+
+def test_cuda_rng_states_for_another_device_count_are_restored_as_far_as_they_go_and_said(monkeypatch):
+    # issue 15: this used to be skipped without a word
+    model, opt, batches = _setup()
+    state = StartingState.capture(model, opt, batches)
+    state._payload["rng"]["cuda"] = [torch.zeros(8, dtype=torch.uint8), torch.ones(8, dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, i: restored.append((i, s.tolist())))
+    with pytest.warns(UserWarning, match="2 device.*1 are visible now: restored for the first 1"):
+        state.restore(model, opt)
+    assert restored == [(0, [0] * 8)]
+
+
+def test_a_state_moved_to_another_device_keeps_its_rng_states_on_the_cpu(tmp_path):
+    # issue 15: load(map_location="cuda") moved the NumPy keys to the GPU and restore crashed on .numpy()
+    from bench_core.state import _restore_rng
+
+    model, opt, batches = _setup()
+    path = StartingState.capture(model, opt, batches).save(tmp_path / "s.pt")
+    moved = StartingState.load(path, map_location="meta")       # "meta": a device other than the CPU, here
+    assert moved.batches[0][0].device.type == "meta"
+    rng = moved._payload["rng"]
+    assert rng["torch"].device.type == "cpu" and rng["numpy"][1].device.type == "cpu"
+    _restore_rng(rng)                                             # what restore does first: no crash

@@ -76,3 +76,22 @@ def test_differences_ignore_drifting_fields():
     a = {"device": "cuda", "gpu_name": "H200", "hostname": "x", "torch_major_minor": "2.13"}
     b = dict(a, hostname="y", gpu_name="A100")
     assert differences(a, b) == {"gpu_name": ("H200", "A100")}
+
+
+def _fake_torch(name, sms, memory):
+    from types import SimpleNamespace as NS
+
+    props = NS(name=name, major=9, minor=0, total_memory=memory, multi_processor_count=sms)
+    return NS(__version__="2.13.0+cu128", version=NS(cuda="12.8"), get_num_threads=lambda: 8,
+              backends=NS(cuda=NS(matmul=NS(allow_tf32=False)),
+                          cudnn=NS(allow_tf32=True, benchmark=False, deterministic=False, version=lambda: 91000)),
+              are_deterministic_algorithms_enabled=lambda: False, get_float32_matmul_precision=lambda: "highest",
+              cuda=NS(current_device=lambda: 0, get_device_properties=lambda i: props))
+
+
+def test_two_slices_of_one_gpu_name_are_told_apart(tmp_path):
+    # MIG slices share a name; SM count and memory say which one ran (issue 15)
+    full = fingerprint("cuda", root=str(tmp_path), torch_module=_fake_torch("NVIDIA H200", 132, 141 << 30))
+    slice_ = fingerprint("cuda", root=str(tmp_path), torch_module=_fake_torch("NVIDIA H200", 16, 18 << 30))
+    assert full["gpu_sm_count"] == 132 and full["cuda_version"] == "12.8"
+    assert set(differences(full, slice_)) == {"gpu_sm_count", "gpu_memory_bytes"}
