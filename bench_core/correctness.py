@@ -446,14 +446,17 @@ def save_reference(path: str | Path, baseline: Variant | Callable, state: Starti
     if Path(path).exists():  # checked first, so a refused save leaves no stray state file
         raise StorageError(path, "reference exists and is never overwritten", hint="remove it to record a new one")
     state.save(Path(path).with_suffix(".state.pt"), overwrite=True)
+    device = next((str(p.device) for p in model.parameters()), "cpu")
     return storage.write_reference(Path(path), baseline.label, steps, state.hash,
-                                   {k: [-1 if s is None else s, t] for k, (s, t) in run.observed.items()})
+                                   {k: [-1 if s is None else s, t.cpu()] for k, (s, t) in run.observed.items()},
+                                   device)
 
 
 def check_reference(path: str | Path, candidate: Variant | Callable, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, *,
-                    tolerance: Tolerance | Tolerances | None = None) -> ValidationReport:
-    """Run the candidate from the reference's saved state and compare it with the saved tensors."""
+                    tolerance: Tolerance | Tolerances | None = None, device=None) -> ValidationReport:
+    """Run the candidate from the reference's saved state and compare it with the saved tensors. The state
+    and its batches go to `device`, by default the model's: a CUDA model is never fed CPU batches."""
     path = Path(path)
     doc = storage.read_reference(path)
     state = StartingState.load(path.with_suffix(".state.pt"))
@@ -461,7 +464,9 @@ def check_reference(path: str | Path, candidate: Variant | Callable, model: torc
         raise StorageError(path, "the reference was recorded from another starting state", field="state_hash")
     base = {k: (None if s == -1 else s, t) for k, (s, t) in doc["records"].items()}
     candidate = as_variant(candidate)
-    run = run_variant(candidate, state, model, optimizer, doc["steps"])
+    if device is None:
+        device = next((p.device for p in model.parameters()), None)
+    run = run_variant(candidate, state, model, optimizer, doc["steps"], device)
     cmp = compare_observed(base, run.observed, tolerance)
     return ValidationReport(f"reference {path.name} ({doc['baseline']})", candidate.label, doc["steps"], state.hash,
                             cmp.compared, cmp.diffs, run.mutations, _tolerance_notes(tolerance) + cmp.notes,

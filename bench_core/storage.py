@@ -28,7 +28,9 @@ Torch files, each with its own version:
     differ between processes unless seeded (`meta.hash_excludes` says so). Version 1 files are read:
     their hash is checked the old way and a restore starts with empty gradients.
   correctness reference (`bench_core.reference`) 1 (0.1.0): the baseline's per-step and final tensors,
-    the number of steps and the hash of the starting state saved beside it (NAME.state.pt).
+    the number of steps and the hash of the starting state saved beside it (NAME.state.pt). Since 0.2.0 it
+    also records the `device` the baseline ran on (absent in older files: not recorded); its tensors are
+    stored on the CPU.
 
 Other files, written in their owners' formats: Chrome traces of the diagnose pass (a new name per
 trace) and pytest-benchmark's JSON export.
@@ -481,11 +483,12 @@ def read_state(path: Path) -> dict:
     return doc
 
 
-def write_reference(path: Path, baseline: str, steps: int, state_hash: str, observed: Mapping[str, Any]) -> Path:
+def write_reference(path: Path, baseline: str, steps: int, state_hash: str, observed: Mapping[str, Any],
+                    device: str = "cpu") -> Path:
     """The baseline's observed tensors from one starting state (saved beside it); never overwrites."""
     return _write_torch(path, {"format": REFERENCE_FORMAT, "schema_version": REFERENCE_SCHEMA_VERSION,
                                "baseline": baseline, "steps": steps, "state_hash": state_hash,
-                               "records": dict(observed)}, overwrite=False)
+                               "records": dict(observed), "device": device}, overwrite=False)
 
 
 def read_reference(path: Path) -> dict:

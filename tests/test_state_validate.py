@@ -405,3 +405,17 @@ def test_a_state_moved_to_another_device_keeps_its_rng_states_on_the_cpu(tmp_pat
     rng = moved._payload["rng"]
     assert rng["torch"].device.type == "cpu" and rng["numpy"][1].device.type == "cpu"
     _restore_rng(rng)                                             # what restore does first: no crash
+
+
+def test_a_reference_check_feeds_the_models_own_device(tmp_path, monkeypatch):
+    # issue 15: a CUDA model was fed the reference's CPU batches
+    import bench_core.correctness as correctness
+
+    model, opt, state = _captured()
+    path = save_reference(tmp_path / "ref.pt", train_step, state, model, opt, steps=1)
+    assert torch.load(path, weights_only=True)["device"] == "cpu"
+    seen = []
+    real = correctness.run_variant
+    monkeypatch.setattr(correctness, "run_variant", lambda *a, **k: seen.append(a[5]) or real(*a, **k))
+    assert check_reference(path, train_step, model, opt).ok
+    assert [str(d) for d in seen] == ["cpu"]          # the model's device, handed on to the restore
