@@ -67,7 +67,10 @@ class CudaBackend:
         return self.cuda.Event(enable_timing=True)
 
     def record(self, event) -> None:
-        event.record()
+        # on this device's current stream, whatever device is current in the calling thread
+        stream = self.cuda.current_stream(self.device)
+        event.record(stream)
+        self._events_recorded_on = stream
 
     def elapsed_ms(self, start, end) -> float:
         return float(start.elapsed_time(end))
@@ -102,8 +105,11 @@ class CudaBackend:
 
 
 def backend_for(device: str, cuda: Any = None) -> Backend:
+    """'cpu', 'cuda' (the current device) or 'cuda:N' (device N: synchronized, timed and observed there)."""
     if device == "cpu":
         return CpuBackend()
     if device == "cuda":
         return CudaBackend(cuda)
-    raise ValueError(f"unknown device {device!r}; use 'cpu' or 'cuda'")
+    if device.startswith("cuda:") and device[5:].isdigit():
+        return CudaBackend(cuda, int(device[5:]))
+    raise ValueError(f"unknown device {device!r}; use 'cpu', 'cuda' or 'cuda:N'")

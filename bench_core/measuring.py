@@ -61,8 +61,11 @@ def measure(
         raise ScenarioError(name, f"items must be a positive integer, got {items!r}")
 
     backend = backend or backend_for(device)
-    if backend.kind != device:
+    kind = device.split(":")[0]           # "cuda:1" is a CUDA measurement, on device 1
+    if backend.kind != kind:
         raise ScenarioError(name, f"backend {backend.kind!r} does not match device {device!r}")
+    if device != kind:
+        scenario = scenario.with_metadata(device=device)
     sampler = Sampler(name, backend, clock)
     used_threads = set_threads(threads)
 
@@ -88,7 +91,7 @@ def measure(
     try:
         return Measurement(
             scenario=scenario,
-            device=device,
+            device=kind,
             mode=mode,
             block_size=block_size,
             warmup=warmup,

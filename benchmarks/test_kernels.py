@@ -83,8 +83,10 @@ def test_h2d_transfer(bench, memory, blocking):
 
     scenario = Scenario(f"h2d[{memory}-{blocking}]", ("transfer",),
                         {"shapes": {"bytes": host.numel() * 4}, "dtype": "float32", "mode": "n/a", "compiled": False,
-                         "data_source": f"{memory} host memory"})
-    bench.run(scenario, fn, items=host.numel() * 4)
+                         "data_source": f"{memory} host memory", "timing": "block of 8 copies, one sync"})
+    # Block mode: per call, a synchronize after every copy would make non_blocking and blocking the same
+    # program; 8 back-to-back copies with one synchronize let queued copies hide their launches.
+    bench.run(scenario, fn, items=host.numel() * 4, mode="block", block_size=8)
     assert torch.equal(dev_buf[:16].cpu(), host[:16])
 
 

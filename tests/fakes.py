@@ -50,6 +50,9 @@ class FakeGPU:
         self.peak_resets = 0
         self.events_made = 0
         self.event_create_ms = 0.05
+        self.event_resolution_ms = 0.0005
+        self.current = 0                 # the current device
+        self.pending_error = None        # a kernel's error, surfacing at the next synchronize
         gpu = self
 
         class Event:
@@ -61,6 +64,7 @@ class FakeGPU:
             def record(self, stream=None):
                 if self.t is None:   # as torch does: the CUDA event is created at its first record, on the host
                     gpu.clock.advance_ms(gpu.event_create_ms)
+                self.stream = stream if stream is not None else gpu.current_stream(gpu.current)
                 gpu.free_at = max(gpu.free_at, gpu.clock.now)
                 self.t = gpu.free_at
 
@@ -69,7 +73,10 @@ class FakeGPU:
 
             def elapsed_time(self, other):
                 assert self.t is not None and other.t is not None, "event never recorded"
-                return (other.t - self.t) / MS
+                if gpu.clock.now < other.t:  # as CUDA: the end event has not completed yet
+                    raise RuntimeError("CUDA error: device not ready")
+                # events resolve about half a microsecond
+                return round((other.t - self.t) / MS / gpu.event_resolution_ms) * gpu.event_resolution_ms
 
         self.Event = Event
 
@@ -77,6 +84,12 @@ class FakeGPU:
     def synchronize(self, device=None):
         self.syncs += 1
         self.clock.now = max(self.clock.now, self.free_at)
+        if self.pending_error is not None:   # asynchronous errors show up here, not at the launch
+            err, self.pending_error = self.pending_error, None
+            raise RuntimeError(err)
+
+    def current_stream(self, device=None):
+        return ("stream", self.current if device is None else device)
 
     def reset_peak_memory_stats(self, device=None):
         # as the caching allocator does: a peak is reset to what is allocated now, not to zero
@@ -88,10 +101,20 @@ class FakeGPU:
         return dict(self.stats)
 
     # what a fake kernel does
-    def launch(self, work_ms: float, launch_ms: float = 0.01) -> None:
+    def launch(self, work_ms: float, launch_ms: float = 0.01, error: str | None = None) -> None:
         self.clock.advance_ms(launch_ms)
         start = max(self.clock.now, self.free_at)
         self.free_at = start + int(round(work_ms * MS))
+        if error is not None:
+            self.pending_error = error
+
+    def copy_to_device(self, nbytes: int, pinned: bool, non_blocking: bool, gb_per_s: float = 10.0,
+                       launch_ms: float = 0.2) -> None:
+        """A host-to-device copy: from pinned memory with non_blocking it is queued and the host goes on;
+        otherwise (pageable memory, or blocking) the host waits until it is done."""
+        self.launch(work_ms=nbytes / (gb_per_s * 1e6), launch_ms=launch_ms)
+        if not (pinned and non_blocking):
+            self.clock.now = max(self.clock.now, self.free_at)
 
     def allocate(self, nbytes: int) -> None:
         """A tensor of `nbytes` that lives until `free(nbytes)`; the cache reserves twice what it hands out."""

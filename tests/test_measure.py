@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bench_core import Scenario, ScenarioError, measure
-from bench_core.backends import CudaBackend
+from bench_core.backends import CudaBackend, backend_for
 from fakes import FakeClock, FakeGPU, work
 
 
@@ -256,3 +256,60 @@ def test_event_creation_never_lands_inside_a_measured_interval():
     assert m.gpu_ms == pytest.approx((0.03,) * 5)
     assert gpu.events_made == 2                  # one pair, reused by every sample
 
+
+
+def test_an_asynchronous_kernel_error_fails_the_sample_it_surfaced_in():
+    clock = FakeClock()
+    gpu = FakeGPU(clock)
+    calls = {"n": 0}
+
+    def fn():
+        calls["n"] += 1
+        gpu.launch(1.0, error="CUDA error: an illegal memory access" if calls["n"] == 4 else None)
+
+    with pytest.raises(ScenarioError, match="sample 1 raised RuntimeError: CUDA error: an illegal memory"):
+        measure(fn, scenario="k", device="cuda", warmup=1, repeats=5, clock=clock, backend=CudaBackend(gpu))
+
+
+def test_gpu_time_is_read_only_after_the_end_event_completed_and_at_its_resolution():
+    clock = FakeClock()
+    gpu = FakeGPU(clock)
+    start, end = gpu.Event(enable_timing=True), gpu.Event(enable_timing=True)
+    start.record()
+    gpu.launch(work_ms=1.23456)
+    end.record()
+    with pytest.raises(RuntimeError, match="not ready"):      # what CUDA says before completion
+        start.elapsed_time(end)
+    m = measure(lambda: gpu.launch(work_ms=1.23456, launch_ms=0), scenario="k", device="cuda", warmup=0,
+                repeats=2, clock=clock, backend=CudaBackend(gpu))
+    assert m.gpu_ms == pytest.approx((1.2345,) * 2)          # synchronized first; 0.5 us resolution
+
+
+def test_work_on_another_device_is_synchronized_and_timed_there():
+    clock = FakeClock()
+    gpu = FakeGPU(clock)
+    seen = []
+    gpu.synchronize = (lambda real: lambda device=None: seen.append(device) or real(device))(gpu.synchronize)
+    backend = backend_for("cuda:1", gpu)
+    m = measure(lambda: gpu.launch(1.0), scenario="k", device="cuda:1", warmup=0, repeats=2, clock=clock,
+                backend=backend)
+    assert set(seen) == {1} and backend._events_recorded_on == ("stream", 1)
+    assert m.device == "cuda" and m.scenario.metadata["device"] == "cuda:1"
+    with pytest.raises(ValueError, match="cuda:N"):
+        backend_for("gpu1")
+
+
+def test_block_mode_is_what_tells_a_non_blocking_pinned_copy_from_a_blocking_one():
+    # issue 15: in per-call mode every sample ends with a synchronize, so both copies measure the same
+    def per_sample(pinned_non_blocking, mode):
+        clock = FakeClock()
+        gpu = FakeGPU(clock)
+
+        def copy():   # 8 MiB at 10 GB/s: 0.84 ms of DMA after 0.2 ms of host launch
+            gpu.copy_to_device(8 << 20, pinned=pinned_non_blocking, non_blocking=pinned_non_blocking)
+        kw = dict(mode="block", block_size=8) if mode == "block" else {}
+        return measure(copy, scenario="k", device="cuda", warmup=0, repeats=3, clock=clock,
+                       backend=CudaBackend(gpu), **kw).host_summary.median
+
+    assert per_sample(True, "per_call") == pytest.approx(per_sample(False, "per_call"))   # indistinguishable
+    assert per_sample(True, "block") < 0.9 * per_sample(False, "block")  # queued copies hide the launches
