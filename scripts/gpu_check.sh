@@ -27,8 +27,12 @@ print(torch.cuda.get_device_properties(0))
 print(torch.profiler.supported_activities())
 x = torch.ones(1, device=\"cuda\"); print(sorted(torch.cuda.memory_stats()))
 "'
+for truth in timers memory state trace; do   # the hardware against what the fakes assume
+  step "truth_$truth" 120 python scripts/gpu_ground_truth.py "$truth" "$out/truth"
+done
 step tests_gpu 300 python -m pytest tests --gpu -q -m gpu
 step benchmarks_gpu 300 python -m pytest benchmarks --gpu --bench-quick -q --bench-out "$out/results"
+step overlap_and_bandwidth 120 python -m pytest benchmarks --gpu -q -rA --bench-no-out -k "h2d"
 step diagnose_gpu 180 python -m pytest benchmarks --gpu --bench-quick -q --bench-no-out -k "train_step and cnn" \
   --bench-profile "$out/prof"
 echo "== summary =="
