@@ -34,6 +34,7 @@ OPT_PROFILE_STACK = "--bench-profile-stack"
 OPT_PROFILE_TB = "--bench-profile-tensorboard"
 OPT_PROFILE_REFUSE = "--bench-profile-refuse-sensitive"
 OPT_TIMEOUT = "--bench-timeout"
+OPT_STRICT = "--bench-strict"
 OPT_AGAINST = "--bench-against"
 OPT_ROUNDS = "--bench-rounds"
 OPT_PAIRS = "--bench-pairs"
@@ -62,6 +63,8 @@ def pytest_addoption(parser):
     g.addoption(OPT_ALPHA, type=float, default=None, help="family-wise significance level of the gate")
     g.addoption(OPT_RUN_NOISE, type=float, default=None, help="prior run-to-run spread, a fraction")
     g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
+    g.addoption(OPT_STRICT, action="store_true",
+                help="with a comparison: inconclusive and incomparable fail their test items too")
     g.addoption(OPT_TIMEOUT, type=float, default=600.0,
                 help="seconds a scenario may take, everything included; a hang fails it by name (0: no limit)")
     g.addoption(OPT_AGAINST, metavar="REV", default=None,
@@ -135,7 +138,7 @@ def pytest_configure(config):
             compare=config.getoption(OPT_COMPARE),
             pb_json=config.getoption(OPT_PB_JSON), gate=gate, profile=prof,
             references_dir=root / config.getoption(OPT_REFS), save_references=config.getoption(OPT_REF_SAVE),
-            against=against, timeout_s=config.getoption(OPT_TIMEOUT) or None,
+            against=against, timeout_s=config.getoption(OPT_TIMEOUT) or None, strict=config.getoption(OPT_STRICT),
         )
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
         if against is not None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .compare import INCOMPARABLE, SLOWER, Comparison, GateConfig, confirm, decide_family, estimate, scenario_differences
+from .compare import INCOMPARABLE, INCONCLUSIVE, SLOWER, Comparison, GateConfig, confirm, decide_family, estimate, scenario_differences
 from .errors import ScenarioError, StorageError
 from .measuring import measure
 from .records import Measurement
@@ -53,6 +53,7 @@ class SessionConfig:
     save: str | None = None
     append: bool = False
     save_incomplete: bool = False      # store an interrupted or failing session as a baseline run all the same
+    strict: bool = False               # inconclusive and incomparable fail their items too
     timeout_s: float | None = 600.0    # per scenario, everything included; None or 0: no limit
     compare: str | None = None
     pb_json: Path | None = None
@@ -266,10 +267,25 @@ class BenchSession:
         self.comparisons.append(c)
         return m, c
 
-    @staticmethod
-    def fails(c: Comparison | None) -> bool:
-        """Slower, incomparable, or input that can never be decided: never green by accident."""
-        return c is not None and (c.verdict in (SLOWER, INCOMPARABLE) or c.unusable)
+    def fails(self, c: Comparison | None) -> bool:
+        """Slower, incomparable, or input that can never be decided: never green by accident. Strict: any
+        comparison that decided nothing fails as well."""
+        if c is None:
+            return False
+        return c.verdict in (SLOWER, INCOMPARABLE) or c.unusable or (self.config.strict and c.verdict == INCONCLUSIVE)
+
+    def outcome(self) -> str:
+        """One line: how many comparisons decided what. Said even when nothing was decided."""
+        from collections import Counter
+
+        n = Counter(c.verdict for c in self.comparisons)
+        decided = n[SLOWER] + n["faster"] + n["unchanged"]
+        line = (f"gate: {decided} of {len(self.comparisons)} scenario(s) decided: {n[SLOWER]} slower, "
+                f"{n['faster']} faster, {n['unchanged']} unchanged; {n[INCONCLUSIVE]} inconclusive, "
+                f"{n[INCOMPARABLE]} incomparable")
+        if self.comparisons and not decided:
+            line += " (nothing was decided: see the reasons above; --bench-strict makes this fail)"
+        return line
 
     @property
     def compared_with(self) -> str | None:
@@ -351,6 +367,7 @@ class BenchSession:
                          f"{self.comparisons[0].method if self.comparisons else ''}")
             for name, note in self.one_side:
                 text += f"\n{name}: {note}"
+            text += "\n" + self.outcome()
             out.append((f"bench_core comparison with {self.compared_with}", text))
         return [(self.shown(title), self.shown(text)) for title, text in out]
 

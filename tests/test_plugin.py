@@ -416,3 +416,15 @@ def test_code_that_cannot_load_twice_is_compared_in_worker_processes(pytester):
     assert 2.5 < rec["comparison"]["ratio"] < 3.5
     out = subprocess.run(["pgrep", "-f", "bench_core.worker"], capture_output=True, text=True).stdout
     assert not out.strip(), "a worker process was left behind"
+
+
+def test_the_gate_states_what_it_decided_and_strict_fails_what_it_could_not(bt):
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    bt.runpytest("--bench-save", "main", "--bench-repeats", "10").assert_outcomes(passed=2)
+    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "10")   # one run each: too little to decide
+    res.assert_outcomes(passed=2)
+    res.stdout.fnmatch_lines(["gate: 0 of 2 scenario(s) decided: 0 slower, 0 faster, 0 unchanged; 2 inconclusive, "
+                              "0 incomparable (nothing was decided*--bench-strict makes this fail)"])
+    strict = bt.runpytest("--bench-compare", "main", "--bench-repeats", "10", "--bench-strict")
+    strict.assert_outcomes(failed=2)
+    strict.stdout.fnmatch_lines(["*scenario 'alpha': inconclusive against baseline 'main'*"])
