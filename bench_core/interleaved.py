@@ -21,6 +21,7 @@ from .sidebyside import Instance, run_rounds
 from .stats import paired_ratio, summarize, t_interval, t_test
 
 FASTER, SLOWER, NO_DIFFERENCE, REJECTED = "faster", "slower", "no significant difference", "rejected: incorrect"
+SPEEDUP_MEANS = "speedup: baseline time / candidate time (>1 = candidate faster)"
 
 
 @runtime_checkable
@@ -90,10 +91,12 @@ class ABResult:
                 s = summarize(xs)
                 rows.append([label, self.identities.get(label, {}).get("name", "-"), f"{self.cold_start_ms.get(label, math.nan):.3f}",
                              f"{s.median:.4f}", f"{s.iqr:.4f}", f"{s.min:.4f}", f"{s.max:.4f}", s.n])
-        out = tabulate(rows, headers=["", "callable", "cold ms", "median ms", "IQR ms", "min ms", "max ms", "n"],
+        # a named first column: tabulate shifts every header left when the first one is empty
+        out = tabulate(rows, headers=["side", "callable", "cold ms", "median ms", "IQR ms", "min ms", "max ms", "n"],
                        disable_numparse=True) if rows else ""
         p = "-" if self.p_value is None else f"{self.p_value:.2g}"
-        return f"{out}\nspeedup {self.speedup_text}, p={p}: {self.verdict} ({self.reason})".lstrip()
+        return (f"{out}\nspeedup {self.speedup_text}, p={p}: {self.verdict} ({self.reason})\n"
+                f"{SPEEDUP_MEANS}").lstrip()
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,12 @@ def comparison_row(c: Comparison) -> list[str]:
 def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str = "simple") -> str:
     body = tabulate([comparison_row(c) for c in comparisons], headers=COMPARE_HEADERS, tablefmt=fmt,
                     disable_numparse=True)
-    notes = [f"{c.name}: {c.verdict}: {c.reason}" for c in comparisons if c.verdict != "unchanged"]
+    # an advice shared by several inconclusive rows is said once, under them, not once per scenario
+    advice = [c.reason.rsplit(": ", 1)[-1] for c in comparisons if c.verdict == "inconclusive" and ": " in c.reason]
+    shared = sorted({a for a in advice if advice.count(a) > 1})
+    notes = [f"{c.name}: {c.verdict}: {c.reason.rsplit(': ', 1)[0] if c.reason.rsplit(': ', 1)[-1] in shared else c.reason}"
+             for c in comparisons if c.verdict != "unchanged"]
+    notes += [f"to decide the inconclusive ones: {a}" for a in shared]
     methods = sorted({c.adjustment for c in comparisons if c.adjustment})
     foot = (f"\np-values adjusted by {'; '.join(methods) or 'nothing (no scenario was decidable)'}; alpha={alpha}; "
             f"each interval is at the level its verdict was decided at")
@@ -99,5 +104,7 @@ def decisions_table(decisions, fmt: str = "simple") -> str:
         corr = "-" if r.correctness is None else ("pass" if r.correctness.get("ok") else "FAIL")
         p = "-" if r.p_value is None else f"{r.p_value:.2g}"
         rows.append([name, med(r.baseline_ms), med(r.candidate_ms), r.speedup_text, p, len(r.baseline_ms), corr, r.verdict])
+    from .interleaved import SPEEDUP_MEANS
+
     return tabulate(rows, headers=["comparison", "baseline ms", "candidate ms", "speedup [95% CI]", "p", "pairs",
-                                   "correct", "verdict"], tablefmt=fmt, disable_numparse=True)
+                                   "correct", "verdict"], tablefmt=fmt, disable_numparse=True) + f"\n{SPEEDUP_MEANS}"

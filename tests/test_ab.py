@@ -200,3 +200,15 @@ def test_ab_rounds_names_what_ran_and_refuses_non_factories():
         ab_rounds(lambda: None, lambda: base_step, clock=clock, rounds=3, pairs=1)
     with pytest.raises(ScenarioError, match="make_candidate must be callable"):
         ab_rounds(lambda: base_step, None)
+
+
+def test_ab_tables_have_their_headers_over_their_columns_and_say_which_way_speedup_points():
+    from bench_core.report import decisions_table
+
+    clock = FakeClock()
+    r = ab(lambda: clock.advance_ms(2), lambda: clock.advance_ms(1), clock=clock, repeats=6, warmup=0)
+    lines = r.table().splitlines()
+    assert lines[0].split()[:2] == ["side", "callable"] and lines[2].startswith("baseline")
+    assert lines[0].index("callable") == lines[2].index(r.identities["baseline"]["name"])   # aligned
+    for text in (r.table(), decisions_table([("x", r)])):
+        assert "speedup: baseline time / candidate time (>1 = candidate faster)" in text

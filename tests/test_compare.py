@@ -168,3 +168,13 @@ def test_on_the_cpu_another_thread_count_or_processor_is_incomparable():
     assert c.verdict == INCOMPARABLE and set(c.differences) == {"cpu_model", "cpu_count"}
     assert compare_runs("s", runs([10, 10.1, 9.9], seed=1), elsewhere,
                         GateConfig(allow_env_mismatch=True)).verdict != INCOMPARABLE
+
+
+def test_the_comparison_table_says_shared_advice_once():
+    from bench_core.report import comparison_table
+
+    out = comparison_table(compare_sets({"a": runs([10]), "b": runs([5])},
+                                        {"a": runs([10.3], seed=5), "b": runs([5.1], seed=6)}), 0.01)
+    assert out.count("add baseline runs") == 1
+    assert "to decide the inconclusive ones: add baseline runs" in out
+    assert "a: inconclusive: no significant change" in out and "b: inconclusive: no significant change" in out
