@@ -1,4 +1,4 @@
-"""Command line without pytest: `python -m bench_core compare BASELINE NEW`, `python -m bench_core show FILE`.
+"""Command line without pytest: `python -m bench_core compare BASELINE NEW`, `show FILE`, `baseline list|drop NAME`.
 
 Exit status: 0 nothing regressed, 1 something regressed, is incomparable, or failed in the new session,
 2 unusable input (a damaged file, or samples that can never give a decision).
@@ -65,6 +65,22 @@ def cmd_show(ns) -> int:
     return EXIT_OK
 
 
+def cmd_baseline(ns) -> int:
+    from tabulate import tabulate
+
+    try:
+        if ns.action == "list":
+            rows = storage.baseline_runs(Path(ns.baselines), ns.name)
+            print(tabulate(rows, headers="keys", disable_numparse=True))
+        else:
+            path, left = storage.drop_run(Path(ns.baselines), ns.name, ns.run)
+            print(f"run {ns.run} dropped from {path}; {left} run(s) left")
+    except (BenchError, ValueError) as exc:
+        print(f"bench_core baseline: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench_core", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file")
     s.add_argument("--baselines", default="baselines")
     s.set_defaults(func=cmd_show)
+    b = sub.add_parser("baseline", help="a stored baseline's runs: list them, or drop one (rewritten atomically)")
+    bsub = b.add_subparsers(dest="action", required=True)
+    bl = bsub.add_parser("list", help="every run of baseline NAME: date, commit, device, scenarios")
+    bl.add_argument("name")
+    bd = bsub.add_parser("drop", help="remove run RUN (as numbered by list) from baseline NAME")
+    bd.add_argument("name")
+    bd.add_argument("run", type=int)
+    for parser in (bl, bd):
+        parser.add_argument("--baselines", default="baselines")
+    b.set_defaults(func=cmd_baseline)
     return ap
 
 

@@ -394,6 +394,37 @@ def load_baseline(folder: Path, name: str) -> list[list[Measurement]]:
     return load_runs(path)
 
 
+def baseline_runs(folder: Path, name: str) -> list[dict]:
+    """What each run of baseline NAME is: index, run_id, date, commit (dirty or not), device, scenario count."""
+    path = baseline_path(folder, name)
+    if not path.exists():
+        load_baseline(folder, name)   # raises the error that names the known baselines
+    doc = load_baseline_doc(path)
+    return [{"run": i, "run_id": r.get("run_id"), "created": r.get("created"),
+             "commit": (r["environment"].get("git_commit") or "")[:12] or None,
+             "dirty": r["environment"].get("git_dirty"), "device": r["environment"].get("device"),
+             "torch": r["environment"].get("torch"), "scenarios": len(r["results"])}
+            for i, r in enumerate(doc["runs"])]
+
+
+def drop_run(folder: Path, name: str, run: int) -> tuple[Path, int]:
+    """Remove run number `run` from baseline NAME (atomically, under the baseline's lock); the last run
+    cannot be dropped (remove the file instead). Returns the path and the runs left."""
+    from filelock import FileLock
+
+    path = baseline_path(folder, name)
+    with FileLock(str(Path(folder) / f".{path.name}.lock"), timeout=120):
+        doc = load_baseline_doc(path)
+        if not 0 <= run < len(doc["runs"]):
+            raise StorageError(path, f"there is no run {run}: the baseline holds runs 0..{len(doc['runs']) - 1}",
+                               hint=f"list them with: python -m bench_core baseline list {name}")
+        if len(doc["runs"]) == 1:
+            raise StorageError(path, "this is the baseline's only run", hint="remove the file to drop the baseline")
+        del doc["runs"][run]
+        atomic_write(path, _dump(doc), overwrite=True)
+        return path, len(doc["runs"])
+
+
 def by_scenario(runs: Sequence[Sequence[Measurement]]) -> dict[str, list[Measurement]]:
     """Group runs' measurements per scenario name, keeping run order."""
     out: dict[str, list[Measurement]] = {}

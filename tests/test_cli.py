@@ -76,3 +76,17 @@ def test_input_that_can_never_decide_exits_2(tmp_path, capsys):
     new = storage.write_session(tmp_path / "res", [meas([5.0, 5.1], name="a")], ENV)
     assert main(["compare", str(base), str(new)]) == EXIT_BAD_INPUT
     assert "unusable input for 'a': too few samples" in capsys.readouterr().err
+
+
+def test_a_baselines_runs_are_listed_and_a_bad_one_dropped(tmp_path, capsys):
+    _save(tmp_path, "main", {"a": [10, 30, 10.1]}, seed=1)             # run 1 was taken on a bad day
+    assert main(["baseline", "list", "main", "--baselines", str(tmp_path)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "run_id" in out and "created" in out and len(out.strip().splitlines()) == 2 + 3
+    assert main(["baseline", "drop", "main", "1", "--baselines", str(tmp_path)]) == EXIT_OK
+    assert "2 run(s) left" in capsys.readouterr().out
+    medians = [run[0].summary.median for run in storage.load_baseline(tmp_path, "main")]
+    assert all(m < 20 for m in medians) and len(medians) == 2
+    assert main(["baseline", "drop", "main", "5", "--baselines", str(tmp_path)]) == EXIT_BAD_INPUT
+    assert "there is no run 5" in capsys.readouterr().err
+    assert main(["baseline", "list", "nope", "--baselines", str(tmp_path)]) == EXIT_BAD_INPUT
