@@ -136,11 +136,6 @@ def write_new(path: Path, data: bytes) -> Path:
     return atomic_write(path, data, overwrite=False)
 
 
-def write_new_json(path: Path, doc: Any) -> Path:
-    """`write_new` for a JSON document (NaN refused: a file that claims to hold timings never holds one)."""
-    return write_new(path, _dump(doc))
-
-
 # -- records as JSON -------------------------------------------------------------------------------------
 def scenario_doc(s: Scenario) -> dict:
     return {"name": s.name, "window": list(s.window), "metadata": thaw(s.metadata),
