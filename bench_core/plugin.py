@@ -35,6 +35,7 @@ OPT_PROFILE_TB = "--bench-profile-tensorboard"
 OPT_PROFILE_REFUSE = "--bench-profile-refuse-sensitive"
 OPT_TIMEOUT = "--bench-timeout"
 OPT_STRICT = "--bench-strict"
+OPT_MD = "--bench-md"
 OPT_AGAINST = "--bench-against"
 OPT_ROUNDS = "--bench-rounds"
 OPT_PAIRS = "--bench-pairs"
@@ -63,6 +64,8 @@ def pytest_addoption(parser):
     g.addoption(OPT_ALPHA, type=float, default=None, help="family-wise significance level of the gate")
     g.addoption(OPT_RUN_NOISE, type=float, default=None, help="prior run-to-run spread, a fraction")
     g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
+    g.addoption(OPT_MD, metavar="PATH", default=None,
+                help="append a Markdown report here (e.g. \"$GITHUB_STEP_SUMMARY\"): verdicts first, then tables")
     g.addoption(OPT_STRICT, action="store_true",
                 help="with a comparison: inconclusive and incomparable fail their test items too")
     g.addoption(OPT_TIMEOUT, type=float, default=600.0,
@@ -139,6 +142,7 @@ def pytest_configure(config):
             pb_json=config.getoption(OPT_PB_JSON), gate=gate, profile=prof,
             references_dir=root / config.getoption(OPT_REFS), save_references=config.getoption(OPT_REF_SAVE),
             against=against, timeout_s=config.getoption(OPT_TIMEOUT) or None, strict=config.getoption(OPT_STRICT),
+            markdown=Path(config.getoption(OPT_MD)) if config.getoption(OPT_MD) else None,
         )
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
         if against is not None:

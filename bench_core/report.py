@@ -108,3 +108,33 @@ def decisions_table(decisions, fmt: str = "simple") -> str:
 
     return tabulate(rows, headers=["comparison", "baseline ms", "candidate ms", "speedup [95% CI]", "p", "pairs",
                                    "correct", "verdict"], tablefmt=fmt, disable_numparse=True) + f"\n{SPEEDUP_MEANS}"
+
+
+MARKDOWN_LIMIT = 1_000_000   # GitHub's job summary takes at most 1 MiB; leave room for other steps
+
+
+def markdown(title: str, outcome: str | None, comparisons: Sequence[Comparison], alpha: float,
+             results: Sequence[Measurement], errors: Sequence[tuple[str, str]], decisions, notes: Sequence[str]) -> str:
+    """A report for $GITHUB_STEP_SUMMARY or a pull-request comment: the verdict summary first, then the tables,
+    then the notes; cut (and saying so) before GitHub's 1 MiB limit."""
+    parts = [f"## {title}", ""]
+    if outcome:
+        bad = [c for c in comparisons if c.verdict in ("slower", "incomparable") or c.unusable]
+        parts += [f"**{'FAILED' if bad or errors else 'passed'}**: {outcome}", ""]
+        parts += [f"- :x: `{c.name}`: {c.verdict}: {c.reason}" for c in bad] + ([""] if bad else [])
+        parts += [tabulate([comparison_row(c) for c in comparisons], headers=COMPARE_HEADERS, tablefmt="github",
+                           disable_numparse=True), ""]
+    if errors:
+        parts += ["**Failed scenarios**", ""] + [f"- `{n}`: {p}" for n, p in errors] + [""]
+    parts += ["<details><summary>Results</summary>", "",
+              tabulate(session_rows(results), headers=SESSION_HEADERS, tablefmt="github", disable_numparse=True),
+              "", "</details>", ""]
+    if decisions:
+        parts += ["<details><summary>A/B decisions</summary>", "", decisions_table(decisions, fmt="github"), "",
+                  "</details>", ""]
+    parts += [f"- {n}" for n in notes if n]
+    text = "\n".join(parts) + "\n"
+    if len(text.encode()) > MARKDOWN_LIMIT:
+        cut = text.encode()[:MARKDOWN_LIMIT - 200].decode(errors="ignore")
+        text = cut + "\n\n*(report cut at GitHub's summary limit: the session file has everything)*\n"
+    return text

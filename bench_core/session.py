@@ -54,6 +54,7 @@ class SessionConfig:
     append: bool = False
     save_incomplete: bool = False      # store an interrupted or failing session as a baseline run all the same
     strict: bool = False               # inconclusive and incomparable fail their items too
+    markdown: Path | None = None       # a Markdown report appended here (e.g. $GITHUB_STEP_SUMMARY)
     timeout_s: float | None = 600.0    # per scenario, everything included; None or 0: no limit
     compare: str | None = None
     pb_json: Path | None = None
@@ -408,6 +409,8 @@ class BenchSession:
 
             attempt(lambda: "pytest-benchmark JSON written to " + str(storage.write_pytest_benchmark(
                 self.config.pb_json, to_pytest_benchmark(self.results, self.environment, storage.now_iso()))))
+        if self.config.markdown is not None:
+            attempt(self._write_markdown)
         if self.config.save is not None and self.results:
             if incomplete and not self.config.save_incomplete:
                 lines.append(f"baseline {self.config.save!r} NOT saved: {incomplete}; a baseline run must be a "
@@ -415,6 +418,16 @@ class BenchSession:
             else:
                 attempt(self._save_baseline)
         return lines, failures
+
+    def _write_markdown(self) -> str:
+        from .report import markdown
+
+        notes = [f"{n}: {t}" for n, t in self.one_side]
+        notes += sorted({c.method for c in self.comparisons if c.method})
+        text = markdown(f"bench_core: {self.compared_with or 'results'}",
+                        self.outcome() if self.compared_with else None, self.comparisons, self.config.gate.alpha,
+                        self.results, self.errors, self.decisions, notes)
+        return f"Markdown report appended to {storage.append_text(self.config.markdown, self.shown(text))}"
 
     def _write_session(self) -> str:
         against = None

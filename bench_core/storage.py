@@ -441,6 +441,18 @@ def write_pytest_benchmark(path: Path, doc: Mapping[str, Any]) -> Path:
     return write_new(Path(path), (json.dumps(doc, indent=1) + "\n").encode())
 
 
+def append_text(path: Path, text: str) -> Path:
+    """Add a report to the end of `path` (a job summary is meant to be appended to): nothing already in it is lost."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise StorageError(path, f"could not be written: {exc.strerror or exc}") from None
+    return path
+
+
 # -- diagnose: profiler traces ---------------------------------------------------------------------------
 def profiler_json(export) -> Any:
     """Run `export(path)` (a profiler's Chrome-trace export) into a private temporary folder and return

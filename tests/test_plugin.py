@@ -428,3 +428,23 @@ def test_the_gate_states_what_it_decided_and_strict_fails_what_it_could_not(bt):
     strict = bt.runpytest("--bench-compare", "main", "--bench-repeats", "10", "--bench-strict")
     strict.assert_outcomes(failed=2)
     strict.stdout.fnmatch_lines(["*scenario 'alpha': inconclusive against baseline 'main'*"])
+
+
+def test_a_markdown_report_for_the_job_summary_says_the_verdicts_first_and_appends(bt):
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    bt.runpytest("--bench-save", "main", "--bench-repeats", "10").assert_outcomes(passed=2)
+    bt.runpytest("--bench-save", "main", "--bench-append", "--bench-repeats", "10").assert_outcomes(passed=2)
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=4.0).replace("assert m.summary.median == LEVEL", "pass"))
+    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "10", "--bench-md", "summary.md",
+                       "--bench-run-noise", "0.01")
+    res.assert_outcomes(passed=1, failed=1)
+    text = (bt.path / "summary.md").read_text()
+    lines = text.splitlines()
+    assert lines[0] == "## bench_core: baseline 'main'"
+    assert lines[2].startswith("**FAILED**: gate: 2 of 2 scenario(s) decided: 1 slower")
+    assert "- :x: `alpha`: slower:" in text and "| alpha " in text and "<summary>Results</summary>" in text
+    assert len(text.encode()) < 1_000_000
+    bt.runpytest("--bench-compare", "main", "--bench-repeats", "10", "--bench-md", "summary.md",
+                 "--bench-run-noise", "0.01")
+    assert (bt.path / "summary.md").read_text().startswith(text) and \
+        (bt.path / "summary.md").read_text().count("## bench_core") == 2      # appended, nothing lost
