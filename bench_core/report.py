@@ -85,9 +85,10 @@ def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str =
     body = tabulate([comparison_row(c) for c in comparisons], headers=COMPARE_HEADERS, tablefmt=fmt,
                     disable_numparse=True)
     # an advice shared by several inconclusive rows is said once, under them, not once per scenario
-    advice = [c.reason.rsplit(": ", 1)[-1] for c in comparisons if c.verdict == "inconclusive" and ": " in c.reason]
+    split = {c.name: c.reason.rsplit(": ", 1) for c in comparisons if c.verdict == "inconclusive" and ": " in c.reason}
+    advice = [parts[1] for parts in split.values()]
     shared = sorted({a for a in advice if advice.count(a) > 1})
-    notes = [f"{c.name}: {c.verdict}: {c.reason.rsplit(': ', 1)[0] if c.reason.rsplit(': ', 1)[-1] in shared else c.reason}"
+    notes = [f"{c.name}: {c.verdict}: {split[c.name][0] if split.get(c.name, ['', ''])[1] in shared else c.reason}"
              for c in comparisons if c.verdict != "unchanged"]
     notes += [f"to decide the inconclusive ones: {a}" for a in shared]
     methods = sorted({c.adjustment for c in comparisons if c.adjustment})
@@ -113,13 +114,14 @@ def decisions_table(decisions, fmt: str = "simple") -> str:
 MARKDOWN_LIMIT = 1_000_000   # GitHub's job summary takes at most 1 MiB; leave room for other steps
 
 
-def markdown(title: str, outcome: str | None, comparisons: Sequence[Comparison], alpha: float,
+def markdown(title: str, outcome: str | None, comparisons: Sequence[Comparison], failing: Sequence[Comparison],
              results: Sequence[Measurement], errors: Sequence[tuple[str, str]], decisions, notes: Sequence[str]) -> str:
     """A report for $GITHUB_STEP_SUMMARY or a pull-request comment: the verdict summary first, then the tables,
-    then the notes; cut (and saying so) before GitHub's 1 MiB limit."""
+    then the notes; cut (and saying so) before GitHub's 1 MiB limit. `failing`: the comparisons that failed
+    their items (the session decides which)."""
     parts = [f"## {title}", ""]
     if outcome:
-        bad = [c for c in comparisons if c.verdict in ("slower", "incomparable") or c.unusable]
+        bad = list(failing)
         parts += [f"**{'FAILED' if bad or errors else 'passed'}**: {outcome}", ""]
         parts += [f"- :x: `{c.name}`: {c.verdict}: {c.reason}" for c in bad] + ([""] if bad else [])
         parts += [tabulate([comparison_row(c) for c in comparisons], headers=COMPARE_HEADERS, tablefmt="github",

@@ -425,8 +425,8 @@ class BenchSession:
         notes = [f"{n}: {t}" for n, t in self.one_side]
         notes += sorted({c.method for c in self.comparisons if c.method})
         text = markdown(f"bench_core: {self.compared_with or 'results'}",
-                        self.outcome() if self.compared_with else None, self.comparisons, self.config.gate.alpha,
-                        self.results, self.errors, self.decisions, notes)
+                        self.outcome() if self.compared_with else None, self.comparisons,
+                        [c for c in self.comparisons if self.fails(c)], self.results, self.errors, self.decisions, notes)
         return f"Markdown report appended to {storage.append_text(self.config.markdown, self.shown(text))}"
 
     def _write_session(self) -> str:

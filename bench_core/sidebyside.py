@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .compare import Comparison
+from .compare import INCOMPARABLE, INCONCLUSIVE, Comparison
 from .errors import ScenarioError
 from .sampling import Sample, Sampler, gc_frozen, gc_paused
 from .stats import t_test
@@ -116,24 +116,21 @@ class _Runner:
         self.scenarios: dict[str, Any] = {}
         self.inst: dict[str, Instance] = {}
 
-    def on(self, side: str, fn: Callable[[], Any]) -> Any:
-        return on_side(side, fn)
-
     def timed(self, side: str, what: str) -> Sample:
         i = self.inst[side]
         if i.remote is not None:
-            return self.on(side, i.remote)
+            return on_side(side, i.remote)
         if i.setup is not None:
-            self.on(side, lambda: self.sampler.call(f"setup before {what}", i.setup))
-        return self.on(side, lambda: self.sampler.sample(i.fn, i.block_size, what=what))
+            on_side(side, lambda: self.sampler.call(f"setup before {what}", i.setup))
+        return on_side(side, lambda: self.sampler.sample(i.fn, i.block_size, what=what))
 
     def round(self, r: int, pairs: int, warmup: int) -> None:
         for side in self.rng.sample(SIDES, 2):
-            self.inst[side] = self.on(side, lambda: self.sampler.call(f"building round {r}",
+            self.inst[side] = on_side(side, lambda: self.sampler.call(f"building round {r}",
                                                                       lambda: self.build[side](r)))
             load = self.inst[side].load
             if load is not None:
-                ms = self.on(side, lambda: self.sampler.elapsed_ms(load, f"load (round {r})"))
+                ms = on_side(side, lambda: self.sampler.elapsed_ms(load, f"load (round {r})"))
                 if r == 0:
                     self.load_ms[side] = ms
             if r == 0:
@@ -171,16 +168,16 @@ def estimate_rounds(name: str, rounds: Rounds | Sequence[Rounds], threshold: flo
                   candidate_median=float(np.median(cand_all)) if cand_all else None)
     if differences:
         what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in differences.items())
-        return Comparison(verdict="incomparable", reason=f"the two sides measure different things: {what}", **common)
+        return Comparison(verdict=INCOMPARABLE, reason=f"the two sides measure different things: {what}", **common)
     if not flat or min(flat) <= 0 or not all(math.isfinite(v) for v in flat):
-        return Comparison(verdict="inconclusive",
+        return Comparison(verdict=INCONCLUSIVE,
                           reason="a sample is 0 ms or not finite (below the timer's resolution?): no ratio", **common)
     logs = np.asarray(parts[0].round_log_ratios if len(parts) == 1 else
                       [float(np.mean(part.round_log_ratios)) for part in parts])
     d = float(logs.mean())
     sd = float(logs.std(ddof=1))
     if sd == 0.0:  # identical rounds: a clock too coarse to see any spread; say so rather than divide by 0
-        return Comparison(verdict="inconclusive", reason="every round gave the same ratio: the timer cannot resolve "
+        return Comparison(verdict=INCONCLUSIVE, reason="every round gave the same ratio: the timer cannot resolve "
                                                          "this scenario's spread", ratio=math.exp(d), **common)
     se = sd / math.sqrt(n)
     return Comparison(verdict=None, reason="", ratio=math.exp(d), p_value=t_test(d, se, n - 1), df=float(n - 1), se=se,

@@ -81,8 +81,7 @@ class Worker:
         self.side, self.scenario, self.timeout_s = init["side"], init["scenario"], timeout_s
         self.proc = subprocess.Popen([sys.executable, "-m", "bench_core.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
-        self._init = dict(init)
-        self._write(self._init)   # it imports and loads while the parent starts the other side's worker
+        self._write(init)   # it imports and loads while the parent starts the other side's worker
 
     def wait_ready(self) -> None:
         self._read(expect="ready")
