@@ -244,19 +244,24 @@ def baseline_path(folder: Path, name: str) -> Path:
     return Path(folder) / f"{name}.json"
 
 
+def _baseline_lock(path: Path):
+    """The lock every read-modify-write of a baseline holds: a hidden file beside it."""
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(path.parent / f".{path.name}.lock"), timeout=120)
+
+
 def save_baseline(folder: Path, name: str, results: Sequence[Measurement], environment: Mapping[str, Any],
                   append: bool = False) -> tuple[Path, int]:
     """Store a session as baseline `name`. An existing baseline grows by one run only with append=True.
 
     Returns the path and the number of runs the baseline now holds.
     """
-    from filelock import FileLock
-
     path = baseline_path(folder, name)
     run = run_doc(results, environment)
-    Path(folder).mkdir(parents=True, exist_ok=True)
     # Read, append and write as one step: concurrent CI jobs appending to one baseline must not lose runs.
-    with FileLock(str(Path(folder) / f".{path.name}.lock"), timeout=120):
+    with _baseline_lock(path):
         if path.exists():
             if not append:
                 raise StorageError(path, f"baseline {name!r} already exists and is never silently overwritten",
@@ -405,10 +410,8 @@ def baseline_runs(folder: Path, name: str) -> list[dict]:
 def drop_run(folder: Path, name: str, run: int) -> tuple[Path, int]:
     """Remove run number `run` from baseline NAME (atomically, under the baseline's lock); the last run
     cannot be dropped (remove the file instead). Returns the path and the runs left."""
-    from filelock import FileLock
-
     path = baseline_path(folder, name)
-    with FileLock(str(Path(folder) / f".{path.name}.lock"), timeout=120):
+    with _baseline_lock(path):
         doc = load_baseline_doc(path)
         if not 0 <= run < len(doc["runs"]):
             raise StorageError(path, f"there is no run {run}: the baseline holds runs 0..{len(doc['runs']) - 1}",
