@@ -19,7 +19,7 @@ import torch
 
 from . import storage
 from .errors import StorageError
-from .state import StartingState, optimizer_settings, settings_differences
+from .state import StartingState, optimizer_settings, settings_differences, tensor_leaves
 
 # torch.testing.assert_close's defaults, per dtype: (rtol, atol)
 DEFAULT_TOLERANCES = {
@@ -242,20 +242,8 @@ def _named(out: Any, prefix: str) -> dict[str, torch.Tensor]:
 
 def _inputs(batches: list) -> dict[str, torch.Tensor]:
     """Every tensor handed to the steps, by where it sits: 'batch 0[1]', "batch 1['x']"."""
-    out: dict[str, torch.Tensor] = {}
-
-    def walk(obj, where):
-        if isinstance(obj, torch.Tensor):
-            out[where] = obj
-        elif isinstance(obj, Mapping):
-            for k, v in obj.items():
-                walk(v, f"{where}[{k!r}]")
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                walk(v, f"{where}[{i}]")
-    for j, b in enumerate(batches):
-        walk(b, f"batch {j}")
-    return out
+    return {where: t for j, b in enumerate(batches)
+            for where, t in tensor_leaves(b, f"batch {j}", lambda p, k: f"{p}[{k!r}]")}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import hashlib
 import os
 import random
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -164,15 +164,22 @@ def _restore_flags(flags: Mapping) -> None:
     torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
 
 
-def _describe(obj: Any, prefix: str, out: dict) -> dict:
+def tensor_leaves(obj: Any, prefix: str, key: Callable[[str, Any], str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor inside mappings, lists and tuples, with its place: `key(prefix, k)` names a mapping's
+    entry, `[i]` a sequence's."""
     if isinstance(obj, torch.Tensor):
-        out[prefix] = {"shape": list(obj.shape), "dtype": str(obj.dtype), "device": str(obj.device)}
+        yield prefix, obj
     elif isinstance(obj, Mapping):
         for k, v in obj.items():
-            _describe(v, f"{prefix}.{k}" if prefix else str(k), out)
+            yield from tensor_leaves(v, key(prefix, k), key)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            _describe(v, f"{prefix}[{i}]", out)
+            yield from tensor_leaves(v, f"{prefix}[{i}]", key)
+
+
+def _describe(obj: Any, prefix: str, out: dict) -> dict:
+    for where, t in tensor_leaves(obj, prefix, lambda p, k: f"{p}.{k}" if p else str(k)):
+        out[where] = {"shape": list(t.shape), "dtype": str(t.dtype), "device": str(t.device)}
     return out
 
 
