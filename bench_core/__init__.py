@@ -1,6 +1,6 @@
 """bench_core: GPU-correct timing, baselines, a statistical gate and correctness-from-a-saved-state."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from .errors import BenchError, InvalidRecord, ScenarioError, StorageError  # noqa: E402
 from .scenario import STAGES, Scenario  # noqa: E402

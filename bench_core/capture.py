@@ -56,7 +56,7 @@ class CaptureBench(Sizing):
 def instance_from(fn: Callable[[], Any], kwargs: dict, scenario=None) -> Instance:
     """The parts of a `bench.run(scenario, fn, **kwargs)` call that side-by-side rounds use."""
     block = kwargs.get("block_size", 1) if kwargs.get("mode", "per_call") == "block" else 1
-    return Instance(fn, kwargs.get("setup"), kwargs.get("load"), block, scenario)
+    return Instance(fn, kwargs.get("setup"), kwargs.get("load"), block, scenario, clock=kwargs.get("clock"))
 
 
 def capture(func: Callable, value_of: Callable[[str], Any], sizing: Sizing, side: str, name: str) -> Instance:

@@ -28,7 +28,8 @@ def _load(arg: str, baselines: Path):
 def cmd_compare(ns) -> int:
     try:
         gate = GateConfig(alpha=ns.alpha, threshold=ns.threshold, run_noise=ns.run_noise, adjust=ns.adjust,
-                          allow_env_mismatch=ns.allow_env_mismatch)
+                          allow_env_mismatch=ns.allow_env_mismatch, min_runs=ns.min_runs,
+                          max_runs=max(ns.min_runs, ns.max_runs), window=ns.window)
         base = storage.by_scenario(_load(ns.baseline, Path(ns.baselines)))
         new = storage.by_scenario(_load(ns.new, Path(ns.baselines)))
         failed = storage.load_errors(Path(ns.new)) if Path(ns.new).exists() else []
@@ -92,7 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     d = GateConfig()
     c.add_argument("--alpha", type=float, default=d.alpha)
     c.add_argument("--threshold", type=float, default=d.threshold)
-    c.add_argument("--run-noise", type=float, default=d.run_noise)
+    c.add_argument("--run-noise", type=float, default=d.run_noise,
+                   help="fallback run-to-run spread, used when the baseline is too small to fit its own")
+    c.add_argument("--min-runs", type=int, default=d.min_runs,
+                   help="candidate runs (separate processes) before slower/faster can be said (1: one run decides)")
+    c.add_argument("--max-runs", type=int, default=d.max_runs,
+                   help="the replication budget the looks are planned for (alpha is split over them)")
+    c.add_argument("--window", type=int, default=None, help="compare with the latest N baseline runs only")
     c.add_argument("--adjust", choices=("holm", "bonferroni", "bh"), default=d.adjust)
     c.add_argument("--allow-env-mismatch", action="store_true")
     c.add_argument("--json", action="store_true", help="print the comparisons as JSON")

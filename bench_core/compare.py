@@ -1,23 +1,42 @@
 """The regression decision: a candidate's runs against a baseline's runs, as a pure function.
 
-Model. On a shared machine the level of a whole run drifts (we measured ~5% run-to-run on the CPU)
-far more than the median wobbles inside a run, so the unit of evidence is the run, not the sample.
-Each run contributes log(median); the change is d = mean(candidate logs) - mean(baseline logs) and
-ratio = exp(d). The run-to-run variance tau^2 is estimated from the runs on both sides, pooled with
-a prior (`run_noise`, worth `prior_runs` runs of evidence) so a baseline of one run still gets an
-honest, wide interval instead of a falsely narrow one; when the runs spread more than the prior, the
-prior is dropped (see `run_variance`). A t-test on d gives p (one-sided, in the observed direction).
+Model. On a shared machine the level of a whole run (one process) drifts far more than the median
+wobbles inside a run, so the unit of evidence is the run, not the sample. Each run contributes
+log(median); the change is d = mean(candidate logs) - mean(baseline logs) and ratio = exp(d).
 
-Two steps, each done once: `estimate` turns one scenario's runs into d, its standard error and p;
-`decide_family` adjusts the p-values of the scenarios decided together and gives each its verdict
-and the interval at the level that verdict was decided on (a one-sided test at alpha' is the
-two-sided interval at 1 - 2 alpha'), so the printed interval never contradicts the verdict.
+Variance from the machine. The run-to-run variance tau^2 of a scenario is moderated the way limma
+moderates gene variances: its own runs' variance is pooled with a prior fitted (`noise_prior`) from
+the run-to-run variances of every scenario in the baseline's whole history, prior degrees of freedom
+included. A quiet runner gets the power its quietness allows; a noisy one stays honest; a scenario
+whose few runs happened to agree cannot make its interval falsely narrow. Only a baseline too small
+to fit a prior falls back to a fixed one (`run_noise`, worth `prior_runs` runs).
+
+Processes, not samples. A slow process looks exactly like a regression from inside it, so "slower"
+and "faster" need `min_runs` candidate runs, each a fresh process (in pytest the suite starts them,
+up to `max_runs`; the CLI says how many more would decide). Deciding at several numbers of runs is
+several looks at the data: alpha is split over the looks that can declare a change (Bonferroni), so
+replicating until decisive keeps the promise.
+
+Baselines that cannot be unlucky. A baseline is recorded once and reused, so averaged error rates are
+not enough: a baseline whose mean came out low raises the false alarms of every later comparison.
+A change must also clear a guard, the distance by which a baseline's mean is off with probability
+at most `guard_baselines` plus the candidate's own noise at `guard_rate`: then no more than
+`guard_baselines` of baselines give false alarms above `guard_rate`.
+
+Two steps, each done once: `estimate` turns one scenario's runs into d, its standard error, p and
+guard; `decide_family` adjusts the p-values of the scenarios decided together and gives each its
+verdict and the interval at the level that verdict was decided on (a one-sided test at alpha' is
+the two-sided interval at 1 - 2 alpha'), so the printed interval never contradicts the verdict.
+
+Error promises, per direction: a false "slower" at most alpha over the family, and a false "faster"
+at most alpha (each one-sided at alpha); "unchanged" is an equivalence test at the same adjusted
+level: the interval lies inside +-2x the threshold.
 
 Verdicts:
-  slower / faster   significant after the family adjustment AND the ratio beyond the noise threshold
-  unchanged         not significant and the 95% interval inside +-2x the threshold, or significant
-                    but smaller than the threshold
-  inconclusive      too little data or too much noise to tell
+  slower / faster   significant after the family and look adjustment, beyond the noise threshold and
+                    the guard, from at least `min_runs` candidate runs
+  unchanged         the interval at the decided level lies inside +-2x the threshold
+  inconclusive      too little data or too much noise to tell (`more_runs` says how many would help)
   incomparable      the environments or the scenarios differ (what differs is listed)
 """
 from __future__ import annotations
@@ -31,7 +50,8 @@ import numpy as np
 from .environment import differences
 from .records import Measurement
 from .scenario import Scenario, thaw
-from .stats import adjust_pvalues, mann_whitney, mann_whitney_min_p, median_log_se, t_interval, t_test
+from .stats import (VariancePrior, adjust_pvalues, fit_variance_prior, mann_whitney, mann_whitney_min_p, median_log_se,
+                    t_interval, t_quantile, t_test)
 
 SLOWER, FASTER, UNCHANGED, INCONCLUSIVE, INCOMPARABLE = (
     "slower", "faster", "unchanged", "inconclusive", "incomparable",
@@ -40,19 +60,24 @@ SLOWER, FASTER, UNCHANGED, INCONCLUSIVE, INCOMPARABLE = (
 
 @dataclass(frozen=True)
 class GateConfig:
-    alpha: float = 0.01            # family-wise significance level
+    alpha: float = 0.01            # family-wise significance level, per direction
     threshold: float = 0.05        # default noise threshold; a scenario may set its own
-    # Prior run-to-run spread of run medians. Measured on the shared 2-core CPU machine this project is
-    # built on: 6% to 13% between separate processes (benchmarks/gate_quality.py). A quieter runner
-    # should measure its own and pass it (--bench-run-noise).
+    # The fallback prior of the run-to-run spread, used only when the baseline holds too few scenarios
+    # with repeated runs to fit one. Measured on the shared 2-core CPU machine this project is built on:
+    # 6% to 13% between separate processes (benchmarks/gate_quality.py).
     run_noise: float = 0.10
-    prior_runs: float = 2.0        # how many runs of evidence the prior is worth
+    prior_runs: float = 2.0        # how many runs of evidence the fallback prior is worth
     adjust: str = "holm"           # holm | bonferroni | bh
     allow_env_mismatch: bool = False
-    confirm_repeats: int = 2       # on "slower", measure this many more times and decide on all samples
+    min_runs: int = 3              # candidate runs (fresh processes) before "slower" or "faster" can be said
+    max_runs: int = 5              # the replication budget: candidate runs at most
+    guard_rate: float = 0.03       # no baseline should give false alarms more often than this ...
+    guard_baselines: float = 0.01  # ... except this share of baselines
+    window: int | None = None      # compare with the latest N baseline runs (the prior still uses them all)
 
     def __post_init__(self):
-        for name, lo, hi in (("alpha", 0, 0.5), ("threshold", 0, 1), ("run_noise", 0, 1)):
+        for name, lo, hi in (("alpha", 0, 0.5), ("threshold", 0, 1), ("run_noise", 0, 1), ("guard_rate", 0, 0.5),
+                             ("guard_baselines", 0, 0.5)):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or not lo < v < hi:
                 if not (name == "threshold" and v == 0):
@@ -61,6 +86,16 @@ class GateConfig:
             raise ValueError("gate setting prior_runs must be > 0")
         if self.adjust not in ("holm", "bonferroni", "bh"):
             raise ValueError(f"gate setting adjust must be holm, bonferroni or bh, got {self.adjust!r}")
+        if not 1 <= self.min_runs <= self.max_runs:
+            raise ValueError(f"gate settings need 1 <= min_runs <= max_runs, got {self.min_runs} and {self.max_runs}")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"gate setting window must be at least 1 run, got {self.window}")
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        """The numbers of candidate runs at which a change may be declared: min_runs, then every second
+        run up to max_runs (each look spends alpha / len(looks))."""
+        return tuple(sorted({*range(self.min_runs, self.max_runs + 1, 2), self.max_runs}))
 
 
 @dataclass(frozen=True)
@@ -90,6 +125,13 @@ class Comparison:
     adjustment: str | None = None          # how p was adjusted for the family, in words
     method: str | None = None              # what the runs are: stored-baseline runs, or side-by-side rounds
     unusable: bool = False                 # the input can never give a decision (too few samples, a 0 ms median)
+    looks: int = 1                         # alpha is split over this many looks at the data
+    min_runs: int = 1                      # candidate runs needed before a change is declared
+    guard: float | None = None             # log distance a change must exceed: an unlucky baseline's reach
+    run_spread: float | None = None        # the run-to-run spread (sd of log run medians) the test used
+    baseline_spread: float | None = None   # the baseline's own measured run-to-run spread, same units
+    prior: str | None = None               # where the variance prior came from, in words
+    more_runs: int | None = None           # inconclusive: candidate runs in all that would likely decide
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -121,9 +163,26 @@ def _measurement_differences(base: Measurement, cand: Measurement) -> dict:
 
 
 def compare_runs(name: str, baseline: Sequence[Measurement], candidate: Sequence[Measurement],
-                 config: GateConfig = GateConfig()) -> Comparison:
+                 config: GateConfig = GateConfig(), prior: VariancePrior | None = None) -> Comparison:
     """One scenario decided on its own (a family of one)."""
-    return decide_family([estimate(name, baseline, candidate, config)], config)[0]
+    return decide_family([estimate(name, baseline, candidate, config, prior)], config)[0]
+
+
+def log_medians(runs: Sequence[Measurement]) -> np.ndarray:
+    return np.log([m.summary.median for m in runs])
+
+
+def noise_prior(history: Mapping[str, Sequence[Measurement]]) -> VariancePrior | None:
+    """The run-to-run variance prior of a machine, fitted from every scenario of a baseline's history
+    (each scenario's runs give one variance with runs - 1 degrees of freedom). None when too few
+    scenarios have repeated runs: the gate then uses its fixed fallback."""
+    variances, dfs = [], []
+    for runs in history.values():
+        meds = [m.summary.median for m in runs]
+        if len(meds) >= 2 and min(meds) > 0:
+            variances.append(float(np.var(np.log(meds), ddof=1)))
+            dfs.append(len(meds) - 1)
+    return fit_variance_prior(variances, dfs)
 
 
 def estimate(
@@ -131,11 +190,17 @@ def estimate(
     baseline: Sequence[Measurement],
     candidate: Sequence[Measurement],
     config: GateConfig = GateConfig(),
+    prior: VariancePrior | None = None,
 ) -> Comparison:
-    """One scenario's change, standard error and unadjusted p; undecided unless it cannot be decided."""
+    """One scenario's change, standard error, unadjusted p and guard; undecided unless it cannot be decided.
+
+    `baseline` is every run the baseline holds for the scenario; `config.window` keeps the latest.
+    `prior` is `noise_prior` of the baseline's history (None: the fixed fallback)."""
     if not baseline or not candidate:
         side = "baseline" if not baseline else "current run"
         return Comparison(name, INCONCLUSIVE, f"scenario missing from the {side}", config.threshold)
+    if config.window is not None:
+        baseline = list(baseline)[-config.window:]
     scen_thr = candidate[-1].scenario.noise_threshold
     thr = config.threshold if scen_thr is None else scen_thr
     cand_ref = candidate[-1]
@@ -144,17 +209,15 @@ def estimate(
         diffs.update(differences(b.environment, cand_ref.environment))
         diffs.update(_measurement_differences(b, cand_ref))
     common = dict(name=name, threshold=thr, baseline_runs=len(baseline), candidate_runs=len(candidate),
-                  timer=cand_ref.timer, differences=diffs)
+                  timer=cand_ref.timer, differences=diffs, looks=len(config.looks), min_runs=config.min_runs)
     if diffs and not config.allow_env_mismatch:
         what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diffs.items())
         return Comparison(verdict=INCOMPARABLE, reason=f"differs: {what}", **common)
 
-    b_meds = np.array([m.summary.median for m in baseline])
-    c_meds = np.array([m.summary.median for m in candidate])
     b_pool = np.concatenate([m.primary_ms for m in baseline])
     c_pool = np.concatenate([m.primary_ms for m in candidate])
     common.update(baseline_median=float(np.median(b_pool)), candidate_median=float(np.median(c_pool)))
-    if np.any(b_meds <= 0) or np.any(c_meds <= 0):
+    if min(m.summary.median for m in (*baseline, *candidate)) <= 0:
         return Comparison(verdict=INCONCLUSIVE, unusable=True,
                           reason="a run median is 0 ms (below the timer's resolution): a ratio has no meaning",
                           **common)
@@ -166,79 +229,95 @@ def estimate(
                           reason=f"too few samples ({len(b_pool)} vs {len(c_pool)}) to ever reach p < {config.alpha}",
                           **common)
 
-    b_log, c_log = np.log(b_meds), np.log(c_meds)
+    b_log, c_log = log_medians(baseline), log_medians(candidate)
     k, m = len(b_log), len(c_log)
-    within = np.mean([median_log_se(x.primary_ms) ** 2 for x in (*baseline, *candidate)])
+    if prior is None:  # the fixed fallback also carries the runs' own within-run error
+        within = np.mean([median_log_se(x.primary_ms) ** 2 for x in (*baseline, *candidate)])
+        prior = VariancePrior(math.log1p(config.run_noise) ** 2 + within, config.prior_runs,
+                              f"fixed: {config.run_noise:.0%} run-to-run, worth {config.prior_runs:g} runs")
     ss = float(np.sum((b_log - b_log.mean()) ** 2) + np.sum((c_log - c_log.mean()) ** 2))
     df_data = (k - 1) + (m - 1)
-    tau2, df = run_variance(ss, df_data, math.log1p(config.run_noise) ** 2 + within, config.prior_runs)
-    se = math.sqrt(tau2 * (1.0 / k + 1.0 / m))
+    tau2, df = prior.moderate(ss / df_data if df_data else 0.0, df_data)
+    tau = math.sqrt(tau2)
+    se = tau * math.sqrt(1.0 / k + 1.0 / m)
+    # How far a baseline's mean may be off (beaten by only guard_baselines of baselines), plus how far
+    # the candidate's own mean strays at guard_rate split over the looks.
+    guard = tau * (t_quantile(config.guard_rate / len(config.looks), df) / math.sqrt(m)
+                   + t_quantile(config.guard_baselines, df) / math.sqrt(k))
     d = float(c_log.mean() - b_log.mean())
-    # One-sided in the direction observed: a false "slower" (or a false "faster") happens at most
-    # alpha of the time, which is the error a CI gate cares about.
-    return Comparison(verdict=None, reason="", ratio=math.exp(d), p_value=t_test(d, se, df), df=df, se=se, **common)
+    return Comparison(verdict=None, reason="", ratio=math.exp(d), p_value=t_test(d, se, df), df=df, se=se,
+                      guard=guard, run_spread=tau, prior=prior.source,
+                      baseline_spread=float(np.std(b_log, ddof=1)) if k > 1 else None, **common)
 
 
-def run_variance(ss: float, df_data: int, prior_var: float, prior_runs: float) -> tuple[float, float]:
-    """Run-to-run variance of log run medians, and its degrees of freedom.
-
-    Never narrower than the data say: when the runs spread more than the prior, the prior is
-    dropped and the plain t-test on the runs is used (a prior that is too small would otherwise
-    turn the machine's drift into false alarms). When the runs spread less, they are pooled with
-    the prior, so a handful of runs that happened to agree cannot make the interval falsely narrow.
-    """
-    if df_data <= 0:
-        return prior_var, prior_runs
-    s2 = ss / df_data
-    if s2 >= prior_var:
-        return s2, float(df_data)
-    return (prior_runs * prior_var + ss) / (prior_runs + df_data), prior_runs + df_data
+ADD_RUNS = "add baseline runs (--bench-save NAME --bench-append) or candidate runs"
 
 
-ADD_RUNS = "add baseline runs (--bench-save NAME --bench-append) or repeats"
+def _runs_to_decide(c: Comparison, alpha_used: float, config: GateConfig) -> int | None:
+    """Candidate runs in all that would likely decide, were the change and the spread to stay as they
+    are; None when no number of candidate runs would (the baseline's own uncertainty is the limit)."""
+    if c.guard is None or c.run_spread is None:
+        return None
+    d, tau, k = abs(math.log(c.ratio)), c.run_spread, c.baseline_runs
+    q = t_quantile(alpha_used, c.df)
+    q_cand, q_base = t_quantile(config.guard_rate / c.looks, c.df), t_quantile(config.guard_baselines, c.df)
+    for m in range(max(c.candidate_runs + 1, c.min_runs), 101):
+        se = tau * math.sqrt(1.0 / k + 1.0 / m)
+        if d + q * se < math.log1p(2 * c.threshold):
+            return m  # unchanged
+        if d > max(q * se, math.log1p(c.threshold), tau * (q_cand / math.sqrt(m) + q_base / math.sqrt(k))):
+            return m  # a change
+    return None
 
 
-def decide(c: Comparison, p_adjusted: float, alpha: float, adjustment: str, advice: str = ADD_RUNS) -> Comparison:
+def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str, advice: str = ADD_RUNS) -> Comparison:
     """Turn one estimate's adjusted p-value into its verdict and interval. Pure: same input, same verdict."""
     if c.verdict is not None:
         return c
+    alpha = config.alpha / c.looks
     # The per-test level the adjustment used: p < alpha' exactly when p_adjusted < alpha.
     alpha_used = alpha * c.p_value / p_adjusted if p_adjusted > 0 and c.p_value > 0 else alpha
     confidence = 1.0 - 2.0 * alpha_used
     d = math.log(c.ratio)
     lo, hi = (math.exp(v) for v in t_interval(d, c.se, c.df, confidence))
+    if c.looks > 1:
+        adjustment += f"; alpha split over {c.looks} looks ({c.min_runs}..{config.max_runs} candidate runs)"
     c = replace(c, ci_low=lo, ci_high=hi, confidence=confidence, p_adjusted=p_adjusted, adjustment=adjustment)
     thr = c.threshold
+    change = f"{c.ratio - 1:+.1%}"
     sig = p_adjusted < alpha
-    if sig and c.ratio > 1 + thr:
-        verdict, why = SLOWER, f"significant (p_adj={p_adjusted:.2g} < {alpha}) and {c.ratio - 1:+.1%} beyond the {thr:.0%} threshold"
-    elif sig and c.ratio < 1 / (1 + thr):
-        verdict, why = FASTER, f"significant (p_adj={p_adjusted:.2g} < {alpha}) and {c.ratio - 1:+.1%} beyond the {thr:.0%} threshold"
-    elif sig:
-        verdict, why = UNCHANGED, f"significant but {c.ratio - 1:+.1%} is inside the {thr:.0%} threshold"
+    beyond = c.ratio > 1 + thr or c.ratio < 1 / (1 + thr)
+    direction = SLOWER if d > 0 else FASTER
+    where = f"the {confidence:.1%} interval [{lo:.3f}, {hi:.3f}]"
+    more = _runs_to_decide(c, alpha_used, config)
+    hint = "" if c.guard is None else (
+        f" (about {more} candidate runs in all would likely decide)" if more is not None else
+        " (candidate runs alone would not decide; the baseline needs more runs)")
+    if sig and beyond and (c.guard is None or abs(d) > c.guard) and c.candidate_runs >= c.min_runs:
+        verdict, why = direction, f"significant (p_adj={p_adjusted:.2g} < {alpha:.2g}) and {change} beyond the {thr:.0%} threshold"
     elif lo >= 1 / (1 + 2 * thr) and hi <= 1 + 2 * thr:
-        verdict, why = UNCHANGED, f"no significant change; the {confidence:.1%} interval lies within +-{2 * thr:.0%}"
+        lead = f"significant but {change} is inside the {thr:.0%} threshold" if sig else "no significant change"
+        verdict, why = UNCHANGED, f"{lead}; {where} lies within +-{2 * thr:.0%}"
+    elif sig and beyond and c.candidate_runs < c.min_runs:
+        verdict, why = INCONCLUSIVE, (f"looks {direction} ({change}, p_adj={p_adjusted:.2g}) from {c.candidate_runs} "
+                                      f"candidate run(s), but one slow process looks the same: {c.min_runs} fresh "
+                                      f"runs decide it")
+    elif sig and beyond:
+        verdict, why = INCONCLUSIVE, (f"significant, but {change} is inside the guard against an unlucky baseline "
+                                      f"(+-{math.expm1(c.guard):.1%}){hint}: {advice}")
     else:
-        verdict, why = INCONCLUSIVE, (
-            f"no significant change, but the {confidence:.1%} interval [{lo:.3f}, {hi:.3f}] is too wide to rule out "
-            f"a {2 * thr:.0%} change: {advice}"
-        )
-    return replace(c, verdict=verdict, reason=why)
+        verdict, why = INCONCLUSIVE, (f"no significant change, but {where} is too wide to rule out a {2 * thr:.0%} "
+                                      f"change{hint}: {advice}")
+    if verdict != INCONCLUSIVE:
+        more = None
+    return replace(c, verdict=verdict, reason=why, more_runs=more)
 
 
-def confirm(first: Comparison, pooled: Comparison) -> Comparison:
-    """A "slower" verdict stands only if it survives fresh samples.
-
-    Slow episodes on a shared machine last a fraction of a second to seconds; a regression does not
-    go away. `pooled` compares the first samples together with confirmation samples taken right
-    after; the final verdict is slower only if both say so.
-    """
-    if first.verdict != SLOWER:
-        return first
-    if pooled.verdict == SLOWER:
-        return replace(pooled, reason=f"confirmed with fresh samples: {pooled.reason}")
-    return replace(pooled, reason=f"first samples looked {first.ratio - 1:+.1%} slower, not confirmed by fresh "
-                                  f"samples: {pooled.reason}")
+def worth_replicating(c: Comparison, config: GateConfig) -> bool:
+    """Would fresh candidate runs, within the budget, likely turn this into a decision about a slowdown?
+    Only possible slowdowns are chased: they are what fails CI, and each run costs a process."""
+    return (c.verdict == INCONCLUSIVE and not c.unusable and c.ratio is not None and c.ratio > 1
+            and c.more_runs is not None and c.candidate_runs < c.more_runs <= config.max_runs)
 
 
 def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConfig(),
@@ -258,7 +337,7 @@ def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConf
     else:
         adj = adjust_pvalues(ps, config.adjust)
         how = f"{config.adjust} over {n} scenario(s)" if n > 1 else "none (one scenario)"
-    return [c if a is None else decide(c, a, config.alpha, how, advice) for c, a in zip(estimates, adj)]
+    return [c if a is None else decide(c, a, config, how, advice) for c, a in zip(estimates, adj)]
 
 
 def compare_sets(
@@ -266,6 +345,9 @@ def compare_sets(
     candidate: Mapping[str, Sequence[Measurement]],
     config: GateConfig = GateConfig(),
 ) -> list[Comparison]:
-    """Every scenario on either side, compared and decided as one family."""
+    """Every scenario on either side, compared and decided as one family; the variance prior is fitted
+    from the whole baseline."""
     names = list(dict.fromkeys([*baseline.keys(), *candidate.keys()]))
-    return decide_family([estimate(n, baseline.get(n, ()), candidate.get(n, ()), config) for n in names], config)
+    prior = noise_prior(baseline)
+    return decide_family([estimate(n, baseline.get(n, ()), candidate.get(n, ()), config, prior) for n in names],
+                         config)

@@ -209,7 +209,8 @@ class BenchFixture:
             if self._session.revision is not None:
                 m, c = self._run_against(scenario, fn, kwargs)
             else:
-                m, c = self._session.run(scenario, fn, **kwargs)
+                replicate = self._replicator(scenario.name) if self._session.baseline is not None else None
+                m, c = self._session.run(scenario, fn, replicate=replicate, **kwargs)
         except ScenarioError as exc:
             pytest.fail(self._session.shown(str(exc)), pytrace=False)
         from bench_core.report import session_table
@@ -284,15 +285,13 @@ class BenchFixture:
         return (theirs, None, False) if theirs is not None else (
             None, f"{req.function.__name__} does not exist in {loaded.revision.label}", False)
 
-    def _spawners(self, name):
-        """Starters of worker processes for both sides, or None when the test takes what a worker cannot be
-        given (a fixture other than its parameters; a parameter JSON cannot carry)."""
+    def _worker_init(self, name):
+        """What a worker process needs to call this test again, or why it cannot: the test takes a fixture
+        other than its parameters, or a parameter JSON cannot carry."""
         import inspect
         import json
 
-        from bench_core.worker import Worker, import_roots
-
-        req, session, loaded = self._request, self._session, self._session.revision
+        req, session = self._request, self._session
         params = dict(getattr(getattr(req.node, "callspec", None), "params", {}))
         needs = set(inspect.signature(req.function).parameters) - {"bench"}
         try:
@@ -300,16 +299,47 @@ class BenchFixture:
         except TypeError:
             needs.add("a parameter JSON cannot carry")
         if needs - set(params):
-            session.one_side.append((name, f"worker processes cannot be given {sorted(needs - set(params))}"))
+            return None, f"worker processes cannot be given {sorted(needs - set(params))}"
+        return {"scenario": name, "function": req.function.__name__, "params": params, "device": session.config.device,
+                "quick": session.config.quick, "threads": session.config.threads}, None
+
+    def _spawners(self, name):
+        """Starters of worker processes for both sides of --bench-against, or None when there can be none."""
+        from bench_core.worker import Worker, import_roots
+
+        req, session, loaded = self._request, self._session, self._session.revision
+        init, why = self._worker_init(name)
+        if init is None:
+            session.one_side.append((name, why))
             return None
 
         def spawner(side, root, test_file):
-            init = {"side": side, "scenario": name, "import_roots": import_roots(loaded.current_root, root),
-                    "test_file": str(test_file), "function": req.function.__name__, "params": params,
-                    "device": session.config.device, "quick": session.config.quick, "threads": session.config.threads}
-            return lambda k: Worker(init, timeout_s=session.config.timeout_s or 600.0)
+            doc = {**init, "side": side, "import_roots": import_roots(loaded.current_root, root),
+                   "test_file": str(test_file)}
+            return lambda k: Worker(doc, timeout_s=session.config.timeout_s or 600.0)
         return {"candidate": spawner("candidate", loaded.current_root, req.path),
                 "baseline": spawner("baseline", loaded.root, loaded.counterpart(req.path))}
+
+    def _replicator(self, name):
+        """The gate's replication: this test measured again in a fresh process of this tree, which imports
+        what this process imports (its whole sys.path)."""
+        import sys
+
+        from bench_core.errors import ScenarioError
+        from bench_core.worker import Worker
+
+        req, session = self._request, self._session
+        init, why = self._worker_init(name)
+
+        def replicate(warmup, repeats):
+            if init is None:
+                raise ScenarioError(name, why)
+            doc = {**init, "side": "candidate", "import_roots": [p for p in sys.path if p], "test_file": str(req.path)}
+            with Worker(doc, timeout_s=session.config.timeout_s or 600.0) as worker:
+                worker.wait_ready()
+                worker.build()
+                return worker.measure(warmup, repeats, session.environment)
+        return replicate
 
     def validate(self, baseline, candidate, state, model, optimizer=None, **kwargs):
         """Correctness from a saved state. Returns the report for the test to assert on; passed to

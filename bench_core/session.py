@@ -8,7 +8,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .compare import INCOMPARABLE, INCONCLUSIVE, SLOWER, Comparison, GateConfig, confirm, decide_family, estimate, scenario_differences
+from .compare import (INCOMPARABLE, INCONCLUSIVE, SLOWER, Comparison, GateConfig, decide_family, estimate, noise_prior,
+                      scenario_differences, worth_replicating)
 from .errors import ScenarioError, StorageError
 from .measuring import measure
 from .records import Measurement
@@ -89,8 +90,11 @@ class BenchSession:
             if path.exists() and not config.append:  # fail before the run, not after minutes of it
                 raise StorageError(path, f"baseline {config.save!r} already exists and is never silently overwritten",
                                    hint="pass --bench-append to add this session as another run, or pick a new name")
+        self.prior = None                             # the run-to-run variance prior fitted from the baseline
+        self.replicas: dict[str, list[Measurement]] = {}   # the gate's fresh-process runs, by scenario
         if config.compare is not None:
             self.baseline = storage.by_scenario(storage.load_baseline(config.baselines_dir, config.compare))
+            self.prior = noise_prior(self.baseline)
 
     # -- measuring -------------------------------------------------------------------------------
     def counts(self, warmup: int | None, repeats: int | None) -> tuple[int, int]:
@@ -121,20 +125,22 @@ class BenchSession:
 
         return time_limit(self.config.timeout_s, scenario.name)
 
-    def run(self, scenario: Scenario, fn: Callable[[], Any], **kwargs) -> tuple[Measurement, Comparison | None]:
-        """Measure, gate (confirming a slowdown with fresh samples), record; all within the time limit."""
+    def run(self, scenario: Scenario, fn: Callable[[], Any], *,
+            replicate: Callable[[int, int], Measurement] | None = None, **kwargs) -> tuple[Measurement, Comparison | None]:
+        """Measure, gate, record; all within the time limit. `replicate(warmup, repeats)` measures the
+        scenario once more in a fresh process, for a possible slowdown the gate cannot decide on one run."""
         try:
             with self.limited(scenario):
-                return self._run(scenario, fn, **kwargs)
+                return self._run(scenario, fn, replicate, **kwargs)
         except ScenarioError as exc:
             if not any(n == scenario.name for n, _ in self.errors):
                 self.errors.append((scenario.name, exc.problem))
             raise
 
-    def _run(self, scenario: Scenario, fn: Callable[[], Any], **kwargs) -> tuple[Measurement, Comparison | None]:
+    def _run(self, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs) -> tuple[Measurement, Comparison | None]:
         first = self.measure(scenario, fn, **kwargs)
-        again = {k: v for k, v in kwargs.items() if k != "load"}  # the cold start happened once
-        m, c = self.gate(first, lambda: self.measure(scenario, fn, **again))
+        counts = self.counts(kwargs.get("warmup"), kwargs.get("repeats"))
+        m, c = self.gate(first, None if replicate is None else lambda: replicate(*counts))
         self.results.append(m)
         if self.config.profile is not None:  # after the measurement, never inside it
             from .diagnose import profile
@@ -245,26 +251,42 @@ class BenchSession:
         return m, c
 
     # -- gating ----------------------------------------------------------------------------------
-    def gate(self, m: Measurement, remeasure: Callable[[], Measurement] | None = None) -> tuple[Measurement, Comparison | None]:
+    def gate(self, m: Measurement, replicate: Callable[[], Measurement] | None = None
+             ) -> tuple[Measurement, Comparison | None]:
         """Compare one fresh result with the baseline; returns the result to keep and the comparison.
 
         Decided now, before the other scenarios exist, so the family adjustment is Bonferroni over
-        every scenario the baseline holds. A "slower" verdict is confirmed with `confirm_repeats`
-        fresh measurements (`remeasure`) before it stands; the kept result then holds all samples.
+        every scenario the baseline holds. A possible slowdown that this process cannot decide is
+        measured again in fresh processes (`replicate`, one new process per call), look by look up to
+        the gate's `max_runs`, and decided on all the runs: a slow process cannot tell its own state
+        from a regression, other processes can.
         """
         if self.baseline is None:
             return m, None
         gate = self.config.gate
         base = self.baseline.get(m.name, ())
+        runs = [m]
 
-        def judge(x: Measurement) -> Comparison:
-            (c,) = decide_family([estimate(m.name, base, [x], gate)], gate, family_size=len(self.baseline))
+        def judge() -> Comparison:
+            (c,) = decide_family([estimate(m.name, base, runs, gate, self.prior)], gate, family_size=len(self.baseline))
             return c
 
-        c = judge(m)
-        if c.verdict == SLOWER and remeasure is not None and gate.confirm_repeats > 0:
-            m = m.pooled_with(*(remeasure() for _ in range(gate.confirm_repeats)))
-            c = confirm(c, judge(m))
+        c = judge()
+        why_not = None
+        while replicate is not None and worth_replicating(c, gate):
+            target = next(n for n in gate.looks if n > len(runs))
+            try:
+                runs.extend(replicate() for _ in range(target - len(runs)))
+            except ScenarioError as exc:
+                why_not = f"replication stopped: {exc.problem}"
+                break
+            c = judge()
+        extra = len(runs) - 1
+        method = f"stored baseline ({c.baseline_runs} runs) vs this process" + (
+            f" and {extra} fresh process(es)" if extra else "")
+        c = replace(c, method=method, reason=c.reason + (f"; {why_not}" if why_not else ""))
+        if extra:
+            self.replicas[m.name] = runs[1:]
         self.comparisons.append(c)
         return m, c
 
@@ -437,7 +459,7 @@ class BenchSession:
                        "one_side": [{"scenario": n, "note": t} for n, t in self.one_side]}
         p = storage.write_session(self.config.results_dir, self.results, self.environment,
                                   [{"scenario": n, "problem": p} for n, p in self.errors],
-                                  [c.to_dict() for c in self.comparisons], against=against)
+                                  [c.to_dict() for c in self.comparisons], against=against, replicas=self.replicas)
         return f"results written to {p}"
 
     def _save_baseline(self) -> str:

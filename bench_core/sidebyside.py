@@ -57,6 +57,7 @@ class Instance:
     block_size: int = 1
     scenario: Any = None           # the side's own Scenario record, when it declared one
     remote: Callable[[], Sample] | None = None   # takes a sample elsewhere (a worker process) instead of `fn`
+    clock: Any = None              # the clock the test asked for (tests: a fake), for a whole measurement of it
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from scipy import special as _sp
 from scipy import stats as _st
 
 # Resampled values held in memory at once by a bootstrap: millions of samples must not need gigabytes.
@@ -131,14 +132,70 @@ def adjust_pvalues(pvalues: Sequence[float | None], method: str = "holm") -> lis
 
 # -- tests and intervals the decisions use ------------------------------------------------------------
 def t_test(d: float, se: float, df: float) -> float:
-    """One-sided p of a t statistic d/se in the direction observed."""
+    """One-sided p of a t statistic d/se in the direction observed (df may be infinite: a normal)."""
     return float(_st.t.sf(abs(d) / se, df))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The t quantile exceeded with probability p (df may be infinite)."""
+    return float(_st.t.isf(p, df))
 
 
 def t_interval(d: float, se: float, df: float, confidence: float) -> tuple[float, float]:
     """Two-sided interval of d at `confidence`."""
     q = float(_st.t.ppf(0.5 + confidence / 2.0, df))
     return d - q * se, d + q * se
+
+
+@dataclass(frozen=True)
+class VariancePrior:
+    """A scaled inverse chi-square prior of a variance: worth `df` degrees of freedom at `variance`."""
+
+    variance: float
+    df: float              # math.inf: every variance is the prior's (the observed ones agree beyond chance)
+    source: str            # how it was obtained, in words
+
+    def moderate(self, s2: float, df: float) -> tuple[float, float]:
+        """The posterior variance and its degrees of freedom (limma's moderated variance)."""
+        if math.isinf(self.df):
+            return self.variance, math.inf
+        if df <= 0:
+            return self.variance, self.df
+        return (self.df * self.variance + df * s2) / (self.df + df), self.df + df
+
+
+def _trigamma_inverse(y: float) -> float:
+    """x with trigamma(x) = y, by Newton's method from limma's starting point (Smyth 2004)."""
+    x = 0.5 + 1.0 / y
+    for _ in range(100):
+        tri = float(_sp.polygamma(1, x))
+        step = tri * (1.0 - tri / y) / float(_sp.polygamma(2, x))
+        x += step
+        if -step / x < 1e-10:
+            break
+    return x
+
+
+def fit_variance_prior(variances: Sequence[float], dfs: Sequence[float]) -> VariancePrior | None:
+    """Empirical-Bayes prior of many variances, each with its degrees of freedom (limma's fitFDist).
+
+    Moments of log s^2: log s^2 = log sigma^2 + log(chi^2_d / d), whose mean and variance are digamma
+    and trigamma of d/2; the spread of log s^2 beyond what the d's explain is the prior's trigamma(d0/2).
+    None with fewer than 3 usable variances: too little to fit a spread.
+    """
+    pairs = [(float(v), float(d)) for v, d in zip(variances, dfs) if d > 0 and v > 0 and math.isfinite(v)]
+    if len(pairs) < 3:
+        return None
+    s2 = np.array([v for v, _ in pairs])
+    d = np.array([d for _, d in pairs])
+    e = np.log(s2) - _sp.digamma(d / 2) + np.log(d / 2)
+    mean = float(e.mean())
+    excess = float(e.var(ddof=1) - np.mean(_sp.polygamma(1, d / 2)))
+    where = f"fitted from {len(pairs)} run-to-run variances"
+    if excess <= 0:
+        return VariancePrior(math.exp(mean), math.inf, where + " (they agree beyond chance: prior df infinite)")
+    d0 = 2.0 * _trigamma_inverse(excess)
+    return VariancePrior(math.exp(mean + float(_sp.digamma(d0 / 2)) - math.log(d0 / 2)), d0, where)
 
 
 def mann_whitney(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, float]:

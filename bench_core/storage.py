@@ -19,6 +19,10 @@ JSON files (session results, baselines and A/B decision records share the versio
     per scenario the raw samples of every round and side, the decision and the files each side's code
     came from with their sha256. A result's `memory` has `window_peak_bytes`, the timed window's own peak
     over what was allocated when it began (absent: not observed). Version 1 files are read as before.
+  3 (bench_core 0.3.0): the stored-baseline gate moderates its variance and replicates processes. A
+    comparison carries `looks`, `min_runs`, `guard`, `run_spread`, `baseline_spread`, `prior` and
+    `more_runs`; a gated session file has `replicas`: per scenario, the measurements (raw samples) of the
+    fresh processes the gate started, never read back as results. Versions 1 and 2 are read as before.
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
@@ -50,7 +54,7 @@ from .errors import InvalidRecord, StorageError
 from .records import ColdStart, Measurement, Memory
 from .scenario import Scenario, thaw
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SESSION_FORMAT = "bench_core.session"
 BASELINE_FORMAT = "bench_core.baseline"
 DECISION_FORMAT = "bench_core.decision"
@@ -201,7 +205,8 @@ def run_doc(results: Sequence[Measurement], environment: Mapping[str, Any],
 
 def write_session(folder: Path, results: Sequence[Measurement], environment: Mapping[str, Any],
                   errors: Iterable[Mapping[str, str]] = (), comparisons: Sequence[Mapping[str, Any]] = (),
-                  against: Mapping[str, Any] | None = None) -> Path:
+                  against: Mapping[str, Any] | None = None,
+                  replicas: Mapping[str, Sequence[Measurement]] | None = None) -> Path:
     """Write one session's results under a new, unused name in `folder`; returns the path."""
     doc = {"format": SESSION_FORMAT, "schema_version": SCHEMA_VERSION,
            **run_doc(results, environment, errors)}
@@ -209,6 +214,8 @@ def write_session(folder: Path, results: Sequence[Measurement], environment: Map
         doc["comparisons"] = [dict(c) for c in comparisons]
     if against is not None:  # side by side with another revision: both revisions, rounds, code proof
         doc["against"] = dict(against)
+    if replicas:  # the gate's fresh-process runs: raw samples kept, never read back as results
+        doc["replicas"] = {name: [measurement_doc(m) for m in ms] for name, ms in replicas.items()}
     return write_stamped_json(folder, "session", doc)
 
 

@@ -5,6 +5,8 @@ The parent starts `python -m bench_core.worker`, sends one JSON line saying wher
 commands, one JSON line each, and reads one JSON line back per command:
   {"cmd": "build"}    call the test function again with a capturing bench: a fresh instance
   {"cmd": "sample"}   time one sample of it with the same sample loop as everything else (`sampling`)
+  {"cmd": "measure", "warmup": W, "repeats": R}   a whole measurement of it (`measuring.measure`): a fresh
+                      process's run, as the gate's replication asks for
   {"cmd": "quit"}     end
 Failures come back as {"error": "..."}; the worker keeps serving. Timing happens here, so the pipe never
 enters a sample.
@@ -54,7 +56,8 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
 
     reply({"ready": os.getpid()})
     for line in stdin:
-        cmd = json.loads(line).get("cmd")
+        doc = json.loads(line)
+        cmd = doc.get("cmd")
         try:
             if cmd == "quit":
                 break
@@ -68,6 +71,16 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
                     sampler.call("setup", inst.setup)
                 s = sampler.sample(inst.fn, inst.block_size)
                 reply({"host_ms": s.host_ms, "gpu_ms": s.gpu_ms})
+            elif cmd == "measure":
+                from .measuring import measure
+                from .storage import measurement_doc
+
+                scenario = inst.scenario.with_metadata(device=init["device"]) if inst.scenario else name
+                m = measure(inst.fn, scenario=scenario, device=init["device"], warmup=doc["warmup"],
+                            repeats=doc["repeats"], setup=inst.setup, load=inst.load, block_size=inst.block_size,
+                            mode="block" if inst.block_size > 1 else "per_call", threads=init.get("threads"),
+                            clock=inst.clock)
+                reply({"measurement": measurement_doc(m)})
             else:
                 reply({"error": f"unknown command {cmd!r}"})
         except ScenarioError as exc:
@@ -126,6 +139,13 @@ class Worker:
 
         out = self._send({"cmd": "sample"})
         return Sample(out["host_ms"], out["gpu_ms"])
+
+    def measure(self, warmup: int, repeats: int, environment: Mapping[str, Any]):
+        """A whole measurement in the worker (after `build`), with this process's environment attached."""
+        from .storage import measurement_from_doc
+
+        out = self._send({"cmd": "measure", "warmup": warmup, "repeats": repeats}, expect="measurement")
+        return measurement_from_doc(out["measurement"], environment)
 
     def _kill(self) -> None:
         if self.proc.poll() is None:

@@ -18,7 +18,7 @@ def _save(folder, name, levels_by_scenario, seed):
 def test_compare_exit_codes(tmp_path, capsys):
     base = _save(tmp_path, "base", {"a": [10, 10.1, 9.9, 10], "b": [5, 5.05, 4.95, 5]}, seed=1)
     same = _save(tmp_path, "same", {"a": [10, 10.05], "b": [5, 5.02]}, seed=10)
-    _save(tmp_path, "slow", {"a": [14, 14.1], "b": [5, 5.02]}, seed=20)
+    _save(tmp_path, "slow", {"a": [14, 14.1, 14.05], "b": [5, 5.02, 4.99]}, seed=20)
     assert main(["compare", str(base), str(same)]) == EXIT_OK
     out = capsys.readouterr().out
     assert "holm" in out and "inconclusive" in out      # the default prior: a noisy shared machine
@@ -27,6 +27,12 @@ def test_compare_exit_codes(tmp_path, capsys):
     assert main(["compare", "base", "slow", "--baselines", str(tmp_path)]) == EXIT_REGRESSED
     out = capsys.readouterr().out
     assert "slower" in out and "a: slower" in out
+    # one candidate run (one process) never says slower by default: it says how many runs would
+    _save(tmp_path, "one", {"a": [14], "b": [5]}, seed=30)
+    assert main(["compare", "base", "one", "--baselines", str(tmp_path)]) == EXIT_OK
+    assert "one slow process looks the same: 3 fresh runs decide it" in capsys.readouterr().out
+    assert main(["compare", "base", "one", "--baselines", str(tmp_path), "--min-runs", "1",
+                 "--max-runs", "1"]) == EXIT_REGRESSED
 
 
 def test_compare_json_output(tmp_path, capsys):

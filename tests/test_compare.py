@@ -19,8 +19,8 @@ def test_many_runs_of_the_same_level_are_unchanged():
 
 def test_a_large_slowdown_is_slower_and_a_large_speedup_is_faster():
     base = runs([10, 10.1, 9.9, 10.05, 9.95], seed=1)
-    assert compare_runs("s", base, runs([13.0, 13.1], seed=3)).verdict == SLOWER
-    assert compare_runs("s", base, runs([7.0, 7.1], seed=3)).verdict == FASTER
+    assert compare_runs("s", base, runs([13.0, 13.1, 13.05], seed=3)).verdict == SLOWER
+    assert compare_runs("s", base, runs([7.0, 7.1, 7.05], seed=3)).verdict == FASTER
 
 
 def test_one_run_each_gets_an_honest_wide_interval_from_the_prior():
@@ -44,9 +44,10 @@ def test_p_value_is_the_t_test_of_the_model():
     assert c.ratio == pytest.approx(12 / math.exp(mean_b))
     assert c.df == 6
     assert c.p_value == pytest.approx(st.t.sf(d / se, 6))  # one-sided, observed direction
-    # a family of one decided at alpha=0.01 one-sided: the interval shown is the two-sided 98% one
-    q = st.t.ppf(0.99, 6)
-    assert c.confidence == pytest.approx(0.98)
+    # a family of one decided at alpha=0.01 one-sided, split over the gate's 2 looks (3 and 5 candidate
+    # runs): the interval shown is the two-sided 99% one
+    q = st.t.ppf(0.995, 6)
+    assert c.looks == 2 and c.confidence == pytest.approx(0.99)
     assert (c.ci_low, c.ci_high) == pytest.approx((math.exp(d - q * se), math.exp(d + q * se)))
 
 
@@ -97,7 +98,7 @@ def test_too_few_samples_to_reach_alpha_is_inconclusive():
 
 def test_unequal_sample_sizes_work():
     base = runs([10] * 6, n=50, seed=1)
-    cand = runs([15] * 2, n=7, seed=2)
+    cand = runs([15] * 3, n=7, seed=2)
     assert compare_runs("s", base, cand).verdict == SLOWER
 
 
@@ -109,10 +110,10 @@ def test_missing_scenario_on_either_side_is_reported_not_an_error():
 
 def test_family_adjustment_can_turn_a_lone_regression_into_inconclusive():
     base = runs([10, 10.1, 9.9], seed=1)
-    c = compare_runs("s", base, runs([10.9], seed=2), GateConfig(run_noise=0.02))
+    one_look = GateConfig(run_noise=0.02, min_runs=1, max_runs=1)   # a dedicated runner: one run decides
+    c = compare_runs("s", base, runs([10.9], seed=2), one_look)
     assert c.verdict == SLOWER and 0.001 < c.p_value < 0.01
-    (adj,) = decide_family([estimate("s", base, runs([10.9], seed=2), GateConfig(run_noise=0.02))],
-                           GateConfig(run_noise=0.02), family_size=50)
+    (adj,) = decide_family([estimate("s", base, runs([10.9], seed=2), one_look)], one_look, family_size=50)
     assert adj.p_adjusted == pytest.approx(min(1, c.p_value * 50))
     assert adj.verdict != SLOWER
     # the interval shown is the one the adjusted verdict used: wider, and now covering 1
@@ -130,22 +131,85 @@ def test_gate_config_refuses_nonsense():
         GateConfig(threshold=float("nan"))
 
 
-def test_a_slowdown_that_fresh_samples_do_not_confirm_is_not_slower():
-    from bench_core.compare import confirm
+def test_one_process_cannot_say_slower_but_fresh_processes_can():
+    from bench_core.compare import worth_replicating
 
     base = runs([10, 10.1, 9.9, 10.05, 9.95], seed=1)
-    episode = runs([13.0], seed=3)[0]                  # a slow episode hit the first samples
-    first = compare_runs("s", base, [episode])
-    assert first.verdict == SLOWER
-    calm = runs([10.0, 10.0], seed=4)
-    pooled = compare_runs("s", base, [episode.pooled_with(*calm)])
-    final = confirm(first, pooled)
-    assert final.verdict != SLOWER and "not confirmed" in final.reason
-    real = runs([13.0, 13.0], seed=5)
-    final = confirm(first, compare_runs("s", base, [episode.pooled_with(*real)]))
-    assert final.verdict == SLOWER and final.reason.startswith("confirmed")
-    unchanged = compare_runs("s", base, runs([10.0], seed=6))
-    assert confirm(unchanged, pooled) is unchanged   # only a slower verdict needs confirming
+    slow_process = runs([13.0], seed=3)
+    first = compare_runs("s", base, slow_process)
+    assert first.verdict == INCONCLUSIVE and "one slow process looks the same" in first.reason
+    assert first.more_runs == 3 and worth_replicating(first, GateConfig())
+    calm = runs([10.0, 10.05], seed=4)                     # the fresh processes disagree: no regression
+    assert compare_runs("s", base, slow_process + calm).verdict != SLOWER
+    real = runs([13.0, 13.05], seed=5)                     # they agree: a regression
+    c = compare_runs("s", base, slow_process + real)
+    assert c.verdict == SLOWER and c.candidate_runs == 3
+    faster_looking = compare_runs("s", base, runs([7.0], seed=6))
+    assert not worth_replicating(faster_looking, GateConfig())   # only possible slowdowns are chased
+    assert not worth_replicating(c, GateConfig())                # nor decided ones
+
+
+def test_a_change_inside_the_guard_against_an_unlucky_baseline_is_not_declared():
+    from bench_core.stats import VariancePrior
+
+    known = VariancePrior(0.02 ** 2, math.inf, "known for the test")   # tau = 2%, exactly
+    base = [meas([10.0] * 20) for _ in range(3)]
+    cfg = GateConfig(threshold=0.01)
+    # k = m = 3: the t-test needs d > 2.58 * 0.816 tau = 2.1 tau; the guard asks for
+    # tau * (z(0.015) + z(0.01)) / sqrt(3) = 2.6 tau
+    c = compare_runs("s", base, [meas([10.0 * math.exp(0.047)] * 20) for _ in range(3)], cfg, known)
+    assert c.guard == pytest.approx(0.02 * (st.norm.isf(0.015) + st.norm.isf(0.01)) / math.sqrt(3))
+    assert c.p_adjusted < 0.005 and c.verdict == INCONCLUSIVE and "unlucky baseline" in c.reason
+    c = compare_runs("s", base, [meas([10.0 * math.exp(0.06)] * 20) for _ in range(3)], cfg, known)
+    assert c.verdict == SLOWER
+
+
+def test_unchanged_is_an_equivalence_test_at_the_decided_level():
+    from bench_core.stats import VariancePrior
+
+    base = [meas([10.0] * 20) for _ in range(5)]
+    cand = [meas([10.2] * 20) for _ in range(3)]
+    tight = compare_runs("s", base, cand, GateConfig(), VariancePrior(0.01 ** 2, math.inf, "quiet"))
+    assert tight.verdict == UNCHANGED and tight.ci_high < 1.10
+    loose = compare_runs("s", base, cand, GateConfig(), VariancePrior(0.05 ** 2, math.inf, "noisy"))
+    assert loose.verdict == INCONCLUSIVE and loose.ci_high > 1.10
+    assert loose.more_runs == 7 and "about 7 candidate runs in all would likely decide" in loose.reason
+    # by the same model, 7 runs at this level are enough
+    assert compare_runs("s", base, [meas([10.2] * 20) for _ in range(7)], GateConfig(),
+                        VariancePrior(0.05 ** 2, math.inf, "noisy")).verdict == UNCHANGED
+    noisier = compare_runs("s", base, cand, GateConfig(), VariancePrior(0.08 ** 2, math.inf, "noisier"))
+    assert noisier.more_runs is None and "the baseline needs more runs" in noisier.reason
+
+
+def test_the_prior_comes_from_the_baselines_history_and_gives_a_quiet_runner_its_power():
+    from bench_core.compare import noise_prior
+
+    rng = __import__("numpy").random.default_rng(7)
+    # a quiet runner: 8 scenarios x 6 runs with a 1% run-to-run spread
+    history = {f"s{j}": runs(list(10 * (1 + 0.01 * rng.standard_normal(6))), seed=j, name=f"s{j}", spread=0.001)
+               for j in range(8)}
+    prior = noise_prior(history)
+    assert prior is not None and 0.005 < math.sqrt(prior.variance) < 0.02 and "fitted from 8" in prior.source
+    cand = runs([10.4, 10.45, 10.38], seed=30, name="s0", spread=0.001)     # +4%: inside the 10% fallback
+    fitted = compare_runs("s0", history["s0"], cand, GateConfig(threshold=0.02), prior)
+    fallback = compare_runs("s0", history["s0"], cand, GateConfig(threshold=0.02))
+    assert fitted.verdict == SLOWER and fallback.verdict != SLOWER
+    assert fitted.run_spread < fallback.run_spread and "fixed: 10%" in fallback.prior
+    assert fitted.baseline_spread == pytest.approx(float(__import__("numpy").std(
+        [math.log(m.summary.median) for m in history["s0"]], ddof=1)))
+    assert noise_prior({"a": history["s0"], "b": history["s1"]}) is None   # too few to fit a spread
+
+
+def test_a_rolling_window_compares_with_the_latest_runs():
+    base = runs([20, 20, 20, 10, 10.1, 9.9, 10.05], seed=1)           # the old runs were on other code
+    cand = runs([10, 10.02, 9.98], seed=2)
+    assert compare_runs("s", base, cand, GateConfig(window=4)).baseline_runs == 4
+    assert compare_runs("s", base, cand, GateConfig(window=4)).ratio == pytest.approx(1.0, abs=0.02)
+    with pytest.raises(ValueError, match="window"):
+        GateConfig(window=0)
+    with pytest.raises(ValueError, match="min_runs"):
+        GateConfig(min_runs=6, max_runs=5)
+    assert GateConfig().looks == (3, 5) and GateConfig(min_runs=1, max_runs=6).looks == (1, 3, 5, 6)
 
 
 def test_pooling_refuses_other_scenarios():

@@ -1,4 +1,4 @@
-"""BenchSession without pytest: counts, gating with confirmation, storage at the end."""
+"""BenchSession without pytest: counts, gating with replication in fresh processes, storage at the end."""
 import pytest
 
 from bench_core import Scenario, StorageError
@@ -38,31 +38,63 @@ def _baseline(tmp_path, runs=3):
         s.finish()
 
 
-def test_a_transient_slowdown_is_confirmed_away(tmp_path):
-    _baseline(tmp_path)
+def _replicas(levels, calls=None):
+    """A stand-in for fresh processes: each call is one new process's measurement at the next level."""
+    from bench_core import measure
+
+    calls = [] if calls is None else calls
+
+    def replicate(warmup, repeats):
+        clock = FakeClock()
+        level = levels[min(len(calls), len(levels) - 1)]
+        calls.append((warmup, repeats))
+        return measure(_levels(clock, [level]), scenario=Scenario("a", ("forward",)).with_metadata(device="cpu"),
+                       warmup=warmup, repeats=repeats, clock=clock, environment=ENV)
+    return replicate
+
+
+def test_a_slow_first_process_is_replicated_away(tmp_path):
+    _baseline(tmp_path, runs=5)
     s = _session(tmp_path, compare="main", repeats=10, warmup=0)
     clock = FakeClock()
-    # cold start + 10 slow samples (an episode), then calm again for the confirmation samples
-    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0] * 11 + [2.0]), clock=clock)
-    assert c.verdict != "slower" and "not confirmed" in c.reason
-    assert m.repeats == 30                      # the kept result holds every sample taken
-    assert s.results == [m] and not s.fails(c)
+    calls = []
+    # this process is slow; fresh processes are not
+    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock,
+                 replicate=_replicas([2.02], calls))
+    assert c.verdict != "slower" and not s.fails(c)
+    assert c.candidate_runs == 1 + len(calls) >= 3 and calls[0] == (0, 10)   # the session's own counts
+    assert "2 fresh process(es)" in c.method or "4 fresh process(es)" in c.method
+    assert s.results == [m] and m.repeats == 10      # the kept result is this process's own
+    assert [r.summary.median for r in s.replicas["a"]] == [2.02] * len(calls)
 
 
-def test_a_persistent_slowdown_fails(tmp_path):
-    _baseline(tmp_path)
+def test_a_slowdown_every_process_sees_fails(tmp_path):
+    _baseline(tmp_path, runs=5)
     s = _session(tmp_path, compare="main", repeats=10, warmup=0)
     clock = FakeClock()
-    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock)
-    assert c.verdict == "slower" and c.reason.startswith("confirmed") and s.fails(c)
+    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=_replicas([3.0]))
+    assert c.verdict == "slower" and c.candidate_runs == 3 and s.fails(c)
 
 
-def test_no_confirmation_when_disabled(tmp_path):
-    _baseline(tmp_path)
-    s = _session(tmp_path, compare="main", repeats=10, warmup=0, gate=GateConfig(confirm_repeats=0))
+def test_without_fresh_processes_one_run_never_says_slower_and_says_why(tmp_path):
+    from bench_core import ScenarioError
+
+    _baseline(tmp_path, runs=5)
+    s = _session(tmp_path, compare="main", repeats=10, warmup=0)
     clock = FakeClock()
-    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0] * 11 + [2.0]), clock=clock)
-    assert c.verdict == "slower" and m.repeats == 10
+    _, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock)
+    assert c.verdict == "inconclusive" and "one slow process looks the same" in c.reason and c.more_runs == 3
+
+    def broken(warmup, repeats):
+        raise ScenarioError("a", "worker processes cannot be given ['tmp_path']")
+    clock = FakeClock()
+    _, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=broken)
+    assert c.verdict == "inconclusive" and "replication stopped: worker processes cannot be given" in c.reason
+    # a single-look gate (min_runs=1) decides on this process alone, as a dedicated runner may want
+    one = _session(tmp_path, compare="main", repeats=10, warmup=0, gate=GateConfig(min_runs=1, max_runs=1))
+    clock = FakeClock()
+    _, c = one.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock)
+    assert c.verdict == "slower" and c.candidate_runs == 1
 
 
 def test_missing_scenarios_are_listed(tmp_path):
@@ -88,12 +120,13 @@ def test_gate_decisions_are_kept_in_the_session_file(tmp_path):
     _baseline(tmp_path)
     s = _session(tmp_path, compare="main", repeats=10, warmup=0)
     clock = FakeClock()
-    s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock)
+    s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=_replicas([3.0]))
     (line,), failures = s.finish()
     assert failures == []
     doc = json.loads(open(line.removeprefix("results written to ")).read())
     assert doc["comparisons"][0]["verdict"] == "slower" and "results written" in line
-    assert doc["comparisons"][0]["adjustment"] == "none (one scenario)"
+    assert doc["comparisons"][0]["adjustment"].startswith("none (one scenario); alpha split over 2 looks")
+    assert [r["summary"]["median"] for r in doc["replicas"]["a"]] == [3.0, 3.0]   # raw runs kept
 
 
 def test_every_write_is_attempted_and_every_failure_names_its_file(tmp_path):
