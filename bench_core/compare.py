@@ -340,6 +340,31 @@ def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConf
     return [c if a is None else decide(c, a, config, how, advice) for c, a in zip(estimates, adj)]
 
 
+def baseline_warnings(name: str, created: Sequence[str | None], uniform_within_s: float = 3600.0) -> list[str]:
+    """What makes a baseline hard to trust, in words: too few runs to measure its spread, or runs all
+    recorded in one sitting, whose spread misses the drift of a machine over hours and days."""
+    import datetime as dt
+
+    out = []
+    if len(created) < 3:
+        out.append(f"baseline {name!r} holds {len(created)} run(s): its run-to-run spread is assumed, not measured; "
+                   f"record at least 3 runs in separate sessions, at different times (--bench-save {name} "
+                   f"--bench-append)")
+    stamps = []
+    for c in created:
+        try:
+            stamps.append(dt.datetime.fromisoformat(str(c)))
+        except ValueError:
+            pass
+    if len(stamps) >= 2 and len(stamps) == len(created):
+        span = (max(stamps) - min(stamps)).total_seconds()
+        if span < uniform_within_s:
+            out.append(f"baseline {name!r}: its {len(created)} runs were recorded within {span / 60:.0f} min, so "
+                       f"their spread misses how this machine drifts over hours and days and may be too uniform "
+                       f"to trust; add runs recorded at other times")
+    return out
+
+
 def compare_sets(
     baseline: Mapping[str, Sequence[Measurement]],
     candidate: Mapping[str, Sequence[Measurement]],

@@ -24,6 +24,9 @@ OPT_THRESHOLD = "--bench-threshold"
 OPT_ALPHA = "--bench-alpha"
 OPT_RUN_NOISE = "--bench-run-noise"
 OPT_ALLOW_ENV = "--bench-allow-env-mismatch"
+OPT_MIN_RUNS = "--bench-min-runs"
+OPT_MAX_RUNS = "--bench-max-runs"
+OPT_WINDOW = "--bench-baseline-window"
 OPT_PB_JSON = "--bench-pb-json"
 OPT_PROFILE = "--bench-profile"
 OPT_REF_SAVE = "--bench-ref-save"
@@ -62,7 +65,15 @@ def pytest_addoption(parser):
     g.addoption(OPT_BASELINES, default="baselines", help="folder of stored baselines")
     g.addoption(OPT_THRESHOLD, type=float, default=None, help="default noise threshold, a fraction (0.05 = 5%%)")
     g.addoption(OPT_ALPHA, type=float, default=None, help="family-wise significance level of the gate")
-    g.addoption(OPT_RUN_NOISE, type=float, default=None, help="prior run-to-run spread, a fraction")
+    g.addoption(OPT_RUN_NOISE, type=float, default=None,
+                help="fallback run-to-run spread, a fraction, for a baseline too small to fit its own")
+    g.addoption(OPT_MIN_RUNS, type=int, default=None,
+                help="processes (this one + fresh ones) before the gate says slower or faster (3; 1: this one decides)")
+    g.addoption(OPT_MAX_RUNS, type=int, default=None,
+                help="the gate's replication budget: a possible slowdown is measured in fresh processes up to "
+                     "this many runs in all (5)")
+    g.addoption(OPT_WINDOW, type=int, default=None, metavar="N",
+                help="compare with the latest N runs of the baseline (a rolling window; the noise prior uses all)")
     g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
     g.addoption(OPT_MD, metavar="PATH", default=None,
                 help="append a Markdown report here (e.g. \"$GITHUB_STEP_SUMMARY\"): verdicts first, then tables")
@@ -105,7 +116,12 @@ def pytest_configure(config):
             "Refusing to run on the CPU instead: a GPU run must never pass by quietly measuring the CPU."
         )
     gate_kw = {k: v for k, v in (("threshold", config.getoption(OPT_THRESHOLD)), ("alpha", config.getoption(OPT_ALPHA)),
-                                 ("run_noise", config.getoption(OPT_RUN_NOISE))) if v is not None}
+                                 ("run_noise", config.getoption(OPT_RUN_NOISE)),
+                                 ("min_runs", config.getoption(OPT_MIN_RUNS)),
+                                 ("max_runs", config.getoption(OPT_MAX_RUNS)),
+                                 ("window", config.getoption(OPT_WINDOW))) if v is not None}
+    if "min_runs" in gate_kw and "max_runs" not in gate_kw:  # asking for more runs than the default budget
+        gate_kw["max_runs"] = max(gate_kw["min_runs"], GateConfig.max_runs)
     try:
         gate = GateConfig(allow_env_mismatch=config.getoption(OPT_ALLOW_ENV), **gate_kw)
         root = Path(str(config.rootpath))

@@ -1,6 +1,8 @@
 """Tables for people: the session table and the comparison table (tabulate)."""
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 from tabulate import tabulate
@@ -67,8 +69,8 @@ def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, st
     return out
 
 
-COMPARE_HEADERS = ["scenario", "baseline ms", "current ms", "ratio", "interval (level)", "p (adj)", "runs b/c",
-                   "verdict"]
+COMPARE_HEADERS = ["scenario", "baseline ms", "current ms", "ratio", "interval (level)", "p (adj)",
+                   "runs b/c (b spread)", "verdict"]
 
 
 def comparison_row(c: Comparison) -> list[str]:
@@ -77,8 +79,10 @@ def comparison_row(c: Comparison) -> list[str]:
 
     ci = "-" if c.ci_low is None else f"[{c.ci_low:.3f}, {c.ci_high:.3f}] ({c.confidence:.1%})"
     p = "-" if c.p_value is None else f"{c.p_value:.2g} ({c.p_adjusted:.2g})"
+    # the baseline's own run-to-run spread, measured: how much one run of it may be trusted
+    spread = "" if c.baseline_spread is None else f" ({math.expm1(c.baseline_spread):.1%})"
     return [c.name, num(c.baseline_median, ".4g"), num(c.candidate_median, ".4g"), num(c.ratio, ".3f"), ci, p,
-            f"{c.baseline_runs}/{c.candidate_runs}", c.verdict]
+            f"{c.baseline_runs}/{c.candidate_runs}{spread}", c.verdict]
 
 
 def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str = "simple") -> str:

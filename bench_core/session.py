@@ -4,12 +4,14 @@ The pytest plugin is a thin shell over this class; scripts can drive it directly
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .compare import (INCOMPARABLE, INCONCLUSIVE, SLOWER, Comparison, GateConfig, decide_family, estimate, noise_prior,
-                      scenario_differences, worth_replicating)
+                      baseline_warnings, scenario_differences, worth_replicating)
 from .errors import ScenarioError, StorageError
 from .measuring import measure
 from .records import Measurement
@@ -91,10 +93,14 @@ class BenchSession:
                 raise StorageError(path, f"baseline {config.save!r} already exists and is never silently overwritten",
                                    hint="pass --bench-append to add this session as another run, or pick a new name")
         self.prior = None                             # the run-to-run variance prior fitted from the baseline
+        self.baseline_notes: list[str] = []           # what makes the baseline hard to trust
         self.replicas: dict[str, list[Measurement]] = {}   # the gate's fresh-process runs, by scenario
         if config.compare is not None:
             self.baseline = storage.by_scenario(storage.load_baseline(config.baselines_dir, config.compare))
             self.prior = noise_prior(self.baseline)
+            created = [r["created"] for r in storage.baseline_runs(config.baselines_dir, config.compare)]
+            self.baseline_notes = baseline_warnings(config.compare, created[-config.gate.window:]
+                                                    if config.gate.window else created)
 
     # -- measuring -------------------------------------------------------------------------------
     def counts(self, warmup: int | None, repeats: int | None) -> tuple[int, int]:
@@ -390,6 +396,11 @@ class BenchSession:
                          f"{self.comparisons[0].method if self.comparisons else ''}")
             for name, note in self.one_side:
                 text += f"\n{name}: {note}"
+            for note in self.baseline_notes:
+                text += f"\nwarning: {note}"
+            if self.prior is not None:
+                text += f"\nrun-to-run variance prior: {math.expm1(math.sqrt(self.prior.variance)):.1%} spread, worth " \
+                        f"{self.prior.df:.3g} runs ({self.prior.source})"
             text += "\n" + self.outcome()
             out.append((f"bench_core comparison with {self.compared_with}", text))
         return [(self.shown(title), self.shown(text)) for title, text in out]
@@ -446,6 +457,7 @@ class BenchSession:
 
         notes = [f"{n}: {t}" for n, t in self.one_side]
         notes += sorted({c.method for c in self.comparisons if c.method})
+        notes += [f"warning: {n}" for n in self.baseline_notes]
         text = markdown(f"bench_core: {self.compared_with or 'results'}",
                         self.outcome() if self.compared_with else None, self.comparisons,
                         [c for c in self.comparisons if self.fails(c)], self.results, self.errors, self.decisions, notes)

@@ -242,3 +242,23 @@ def test_the_comparison_table_says_shared_advice_once():
     assert out.count("add baseline runs") == 1
     assert "to decide the inconclusive ones: add baseline runs" in out
     assert "a: inconclusive: no significant change" in out and "b: inconclusive: no significant change" in out
+
+
+def test_a_baseline_too_small_or_recorded_in_one_sitting_is_named():
+    from bench_core.compare import baseline_warnings
+
+    assert "holds 2 run(s)" in baseline_warnings("main", ["2026-12-01T10:00:00+00:00", "2026-12-01T18:00:00+00:00"])[0]
+    same_hour = [f"2026-12-01T10:{m:02d}:00+00:00" for m in (0, 10, 20, 30)]
+    (note,) = baseline_warnings("main", same_hour)
+    assert "within 30 min" in note and "too uniform" in note
+    spread_out = ["2026-12-01T10:00:00+00:00", "2026-12-01T16:00:00+00:00", "2026-12-02T09:00:00+00:00"]
+    assert baseline_warnings("main", spread_out) == []
+
+
+def test_the_table_shows_the_baselines_own_run_to_run_spread():
+    from bench_core.report import comparison_table
+
+    base = runs([10, 10.5, 9.5, 10.2, 9.8], seed=1)
+    c = compare_runs("s", base, runs([10.1, 10.0, 9.9], seed=2))
+    spread = math.expm1(float(__import__("numpy").std([math.log(m.summary.median) for m in base], ddof=1)))
+    assert c.baseline_spread is not None and f"5/3 ({spread:.1%})" in comparison_table([c], 0.01)

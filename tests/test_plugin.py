@@ -135,6 +135,16 @@ def test_save_then_compare_fails_only_the_regressed_scenario(bt):
     xml = (bt.path / "out.xml").read_text()
     assert "slower against baseline" in xml and 'name="bench_verdict" value="slower"' in xml
     res.stdout.fnmatch_lines(["*Captured bench_core call*", "alpha*cpu*host*per_call*"])  # the test's own section
+    # "slower" came from this process and two fresh worker processes that ran the test again
+    doc = json.loads(max((bt.path / ".bench" / "results").glob("session-*.json")).read_text())
+    alpha = next(c for c in doc["comparisons"] if c["name"] == "alpha")
+    assert alpha["candidate_runs"] == 3 and "this process and 2 fresh process(es)" in alpha["method"]
+    assert [r["summary"]["median"] for r in doc["replicas"]["alpha"]] == [4.0, 4.0]
+    # a dedicated runner may let one process decide: no worker is started
+    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "10", "--bench-min-runs", "1",
+                       "--bench-max-runs", "1", "--bench-no-out")
+    res.assert_outcomes(passed=1, failed=1)
+    res.stdout.fnmatch_lines(["*alpha*3/1*slower*"])
 
 
 def test_saving_over_an_existing_baseline_is_refused_at_the_start(bt):

@@ -74,6 +74,10 @@ def test_a_slowdown_every_process_sees_fails(tmp_path):
     clock = FakeClock()
     m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=_replicas([3.0]))
     assert c.verdict == "slower" and c.candidate_runs == 3 and s.fails(c)
+    # the baseline was recorded in one sitting, seconds apart: the report says it may be too uniform
+    text = dict(s.summary_sections())["bench_core comparison with baseline 'main'"]
+    assert "warning: baseline 'main': its 5 runs were recorded within 0 min" in text
+    assert "runs b/c (b spread)" in text and "5/3 (" in text
 
 
 def test_without_fresh_processes_one_run_never_says_slower_and_says_why(tmp_path):
