@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .compare import (INCOMPARABLE, INCONCLUSIVE, SLOWER, Comparison, GateConfig, decide_family, estimate, noise_prior,
-                      baseline_warnings, scenario_differences, worth_replicating)
+                      baseline_warnings, replicate_until_decided, scenario_differences)
 from .errors import ScenarioError, StorageError
 from .measuring import measure
 from .records import Measurement
@@ -273,24 +273,23 @@ class BenchSession:
         base = self.baseline.get(m.name, ())
         runs = [m]
 
-        def judge() -> Comparison:
+        def judge(runs) -> Comparison:
             (c,) = decide_family([estimate(m.name, base, runs, gate, self.prior)], gate, family_size=len(self.baseline))
             return c
 
-        c = judge()
-        why_not = None
-        while replicate is not None and worth_replicating(c, gate):
-            target = next(n for n in gate.looks if n > len(runs))
+        why_not = []
+
+        def fresh():
             try:
-                runs.extend(replicate() for _ in range(target - len(runs)))
+                return replicate()
             except ScenarioError as exc:
-                why_not = f"replication stopped: {exc.problem}"
-                break
-            c = judge()
+                why_not.append(f"replication stopped: {exc.problem}")
+                return None
+        c = replicate_until_decided(runs, judge, None if replicate is None else fresh, gate)
         extra = len(runs) - 1
         method = f"stored baseline ({c.baseline_runs} runs) vs this process" + (
             f" and {extra} fresh process(es)" if extra else "")
-        c = replace(c, method=method, reason=c.reason + (f"; {why_not}" if why_not else ""))
+        c = replace(c, method=method, reason="; ".join([c.reason, *why_not]))
         if extra:
             self.replicas[m.name] = runs[1:]
         self.comparisons.append(c)

@@ -262,3 +262,21 @@ def test_the_table_shows_the_baselines_own_run_to_run_spread():
     c = compare_runs("s", base, runs([10.1, 10.0, 9.9], seed=2))
     spread = math.expm1(float(__import__("numpy").std([math.log(m.summary.median) for m in base], ddof=1)))
     assert c.baseline_spread is not None and f"5/3 ({spread:.1%})" in comparison_table([c], 0.01)
+
+
+def test_the_gate_simulation_drives_the_gates_own_protocol():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "gate_sim.py"
+    spec = importlib.util.spec_from_file_location("gate_sim", path)
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    # seeded, so deterministic: a 30% slowdown at a quiet 3% spread is found from 3 runs; 1 run never says slower
+    found = sim.cell((0.03, False, math.log(1.3), "3", 20, 5, 11, {}))
+    assert found["rate"] >= 0.9 and found["mean_runs"] == 3
+    assert sim.cell((0.03, False, math.log(1.3), "1", 20, 5, 12, {}))["rate"] == 0.0
+    replicated = sim.cell((0.03, False, math.log(1.3), "replicate", 20, 5, 13, {}))
+    assert replicated["rate"] >= 0.9 and 3 <= replicated["mean_runs"] <= 5      # fresh processes were started
+    unchanged = sim.cell((0.03, False, 0.0, "replicate", 10, 20, 14, {}))
+    assert unchanged["rate"] <= 0.01 and unchanged["mean_runs"] < 3              # most unchanged code is not chased

@@ -147,3 +147,22 @@ def test_big_legal_inputs_neither_overflow_nor_exhaust_memory(monkeypatch):
     assert 0 < se < 0.01
     lo, hi = stats.bootstrap_median_ci(x, n_resamples=200)
     assert lo < np.median(x) < hi
+
+
+def test_the_variance_prior_recovers_a_known_prior_and_is_never_worth_more_than_its_data():
+    import numpy as np
+
+    from bench_core.stats import fit_variance_prior
+
+    rng = np.random.default_rng(0)
+    # limma's model: sigma^2 ~ s0^2 d0 / chi^2_d0, s^2 ~ sigma^2 chi^2_4 / 4, with s0^2 = 0.01 and d0 = 8
+    sigma2 = 8 * 0.01 / rng.chisquare(8, 20000)
+    prior = fit_variance_prior(sigma2 * rng.chisquare(4, 20000) / 4, [4] * 20000)
+    assert prior.variance == pytest.approx(0.01, rel=0.03) and prior.df == pytest.approx(8, rel=0.1)
+    # variances that agree better than chance: limma would call the prior known; here it is worth 3 x 4 df
+    agree = fit_variance_prior([0.01, 0.0101, 0.0099], [4, 4, 4])
+    assert agree.df == 12 and "12 degrees of freedom" in agree.source
+    assert fit_variance_prior([0.01, 0.02], [4, 4]) is None                  # too few to fit a spread
+    assert fit_variance_prior([0.01, 0.0, 0.02, float("nan")], [4, 4, 4, 4]) is None   # only usable ones count
+    # moderation pools: 4 df of the scenario's own with the prior's
+    assert agree.moderate(0.04, 4) == pytest.approx(((12 * agree.variance + 4 * 0.04) / 16, 16))
