@@ -77,7 +77,7 @@ def rates(runs_a, runs_b, k: int, trials: int, seed: int, config, fixed: int | N
     names = sorted(runs_a[0])
     out = {}
     for kind in ("A/A", "A/B"):
-        verdicts, used = [], []
+        verdicts, used, by_name = [], [], {n: 0 for n in names}
         for _ in range(trials):
             order = rng.sample(range(len(runs_a)), len(runs_a))
             base_runs = [runs_a[i] for i in order[:k]]
@@ -94,9 +94,10 @@ def rates(runs_a, runs_b, k: int, trials: int, seed: int, config, fixed: int | N
                 c = replicate_until_decided(first, judge, None if fixed else lambda: next(draw, None), config)
                 verdicts.append(c.verdict)
                 used.append(c.candidate_runs)
+                by_name[name] += c.verdict == SLOWER
         out[kind] = {"decisions": len(verdicts), "slower": verdicts.count(SLOWER),
                      "counts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
-                     "mean_runs": sum(used) / len(used)}
+                     "mean_runs": sum(used) / len(used), "slower_by_scenario": by_name}
     return out
 
 
@@ -115,6 +116,9 @@ def main(argv=None) -> int:
     from bench_core import storage
     from bench_core.compare import GateConfig
 
+    if ns.runs < ns.baseline_runs + GateConfig().max_runs:
+        ap.error(f"--runs must be at least --baseline-runs + {GateConfig().max_runs} (a baseline and a candidate's "
+                 f"replication budget, drawn without reuse)")
     folder = Path(ns.from_dir) if ns.from_dir else Path(tempfile.mkdtemp(prefix="gate_quality-"))
     if not ns.from_dir:
         print(f"measuring {ns.runs} processes each of A and B (+{ns.slowdown:.0%} work) in {folder}", file=sys.stderr)
@@ -128,8 +132,9 @@ def main(argv=None) -> int:
         r = rates(runs_a, runs_b, ns.baseline_runs, ns.trials, seed=7, config=config, fixed=fixed)
         results.append({"candidates": label, **r})
         aa, ab = r["A/A"], r["A/B"]
+        per = ", ".join(f"{n} {k}" for n, k in ab["slower_by_scenario"].items())
         rows.append([label, f"{aa['slower'] / aa['decisions']:.2%} ({aa['slower']}/{aa['decisions']})",
-                     f"{ab['slower'] / ab['decisions']:.1%} ({ab['slower']}/{ab['decisions']})",
+                     f"{ab['slower'] / ab['decisions']:.1%} ({ab['slower']}/{ab['decisions']}: {per} of {ns.trials})",
                      f"{aa['mean_runs']:.2f} / {ab['mean_runs']:.2f}"])
     spread = {}
     for name in sorted(runs_a[0]):
