@@ -40,7 +40,7 @@ def cmd_compare(ns) -> int:
     if ns.json:
         print(json.dumps([c.to_dict() for c in comps], indent=1))
     else:
-        print(comparison_table(comps, gate.alpha))
+        print(comparison_table(comps, gate.alpha, wide=ns.wide))
     for e in failed:  # a scenario that errored in the new session is not "missing": it failed
         print(f"bench_core compare: {e.get('scenario')!r} failed in the new session: {e.get('problem')}",
               file=sys.stderr)
@@ -62,7 +62,7 @@ def cmd_show(ns) -> int:
     for i, run in enumerate(runs):
         if len(runs) > 1:
             print(f"run {i + 1} of {len(runs)}")
-        print(session_table(run))
+        print(session_table(run, wide=ns.wide))
     return EXIT_OK
 
 
@@ -103,10 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--adjust", choices=("holm", "bonferroni", "bh"), default=d.adjust)
     c.add_argument("--allow-env-mismatch", action="store_true")
     c.add_argument("--json", action="store_true", help="print the comparisons as JSON")
+    c.add_argument("--wide", action="store_true", help="every column, notes unwrapped (default: fit 120 columns)")
     c.set_defaults(func=cmd_compare)
     s = sub.add_parser("show", help="print the results table of a session file or a baseline (every run)")
     s.add_argument("file")
     s.add_argument("--baselines", default="baselines")
+    s.add_argument("--wide", action="store_true", help="every column (default: fit 120 columns)")
     s.set_defaults(func=cmd_show)
     b = sub.add_parser("baseline", help="a stored baseline's runs: list them, or drop one (rewritten atomically)")
     bsub = b.add_subparsers(dest="action", required=True)

@@ -39,6 +39,7 @@ OPT_PROFILE_REFUSE = "--bench-profile-refuse-sensitive"
 OPT_TIMEOUT = "--bench-timeout"
 OPT_STRICT = "--bench-strict"
 OPT_MD = "--bench-md"
+OPT_WIDE = "--bench-wide"
 OPT_AGAINST = "--bench-against"
 OPT_ROUNDS = "--bench-rounds"
 OPT_PAIRS = "--bench-pairs"
@@ -77,6 +78,8 @@ def pytest_addoption(parser):
     g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
     g.addoption(OPT_MD, metavar="PATH", default=None,
                 help="append a Markdown report here (e.g. \"$GITHUB_STEP_SUMMARY\"): verdicts first, then tables")
+    g.addoption(OPT_WIDE, action="store_true",
+                help="tables with every column and notes unwrapped (by default they fit 120 columns)")
     g.addoption(OPT_STRICT, action="store_true",
                 help="with a comparison: inconclusive and incomparable fail their test items too")
     g.addoption(OPT_TIMEOUT, type=float, default=600.0,
@@ -159,6 +162,7 @@ def pytest_configure(config):
             references_dir=root / config.getoption(OPT_REFS), save_references=config.getoption(OPT_REF_SAVE),
             against=against, timeout_s=config.getoption(OPT_TIMEOUT) or None, strict=config.getoption(OPT_STRICT),
             markdown=Path(config.getoption(OPT_MD)) if config.getoption(OPT_MD) else None,
+            wide=config.getoption(OPT_WIDE),
         )
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
         if against is not None:
@@ -235,13 +239,13 @@ class BenchFixture:
         self._node.user_properties.append(("bench_median_ms", s.median))
         self._node.user_properties.append(("bench_n", s.n))
         # per-test section: shown with this test's report (failures, -rA, JUnit system-out)
-        self._node.add_report_section("call", "bench_core", self._session.shown(session_table([m])))
+        self._node.add_report_section("call", "bench_core", self._session.shown(session_table([m], wide=self._session.config.wide)))
         if c is not None:
             from bench_core.report import comparison_table
 
             self._node.user_properties.append(("bench_verdict", c.verdict))
             if self._session.fails(c):
-                table = comparison_table([c], self._session.config.gate.alpha)
+                table = comparison_table([c], self._session.config.gate.alpha, wide=self._session.config.wide)
                 pytest.fail(self._session.shown(f"scenario {m.name!r}: {c.verdict} against "
                                                 f"{self._session.compared_with}: {c.reason}\n{table}"), pytrace=False)
         return m

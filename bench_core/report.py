@@ -1,8 +1,13 @@
-"""Tables for people: the session table and the comparison table (tabulate)."""
+"""Tables for people: the session table and the comparison table (tabulate).
+
+Every table fits WIDTH columns unless asked to be wide: a column whose value is the same on every row is
+said once under the table instead, the columns that matter least go next (and the table says which),
+and prose lines wrap.
+"""
 from __future__ import annotations
 
 import math
-
+import textwrap
 from typing import Sequence
 
 from tabulate import tabulate
@@ -12,6 +17,48 @@ from .records import Measurement
 from .stats import summarize
 
 NOT_OBSERVED = "n/o"  # not observed is not zero
+WIDTH = 120           # terminals, CI logs and pull-request comments wrap beyond this
+
+
+def fit(headers: Sequence[str], rows: Sequence[Sequence], *, wide: bool = False, droppable: Sequence[str] = (),
+        foldable: Sequence[str] = (), fmt: str = "simple", width: int = WIDTH) -> str:
+    """A tabulate table within `width` columns (or whole, when `wide`). `foldable` columns (descriptions,
+    never the figures) with one value on every row become a line under the table; then the `droppable`
+    columns go, in order, until it fits."""
+    headers, rows = list(headers), [list(r) for r in rows]
+
+    def render():
+        return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+    text = render()
+    if wide or not rows or max(map(len, text.splitlines())) <= width:
+        return text
+    same = [h for i, h in enumerate(headers) if h in foldable and len({str(r[i]) for r in rows}) == 1]
+    said = [f"{h}: {rows[0][headers.index(h)]}" for h in same]
+    for h in same:
+        i = headers.index(h)
+        headers.pop(i)
+        for r in rows:
+            r.pop(i)
+    left_out = []
+    for h in droppable:
+        text = render()
+        if max(map(len, text.splitlines())) <= width:
+            break
+        if h in headers:
+            i = headers.index(h)
+            headers.pop(i)
+            for r in rows:
+                r.pop(i)
+            left_out.append(h)
+    text = render()
+    foot = ([f"every row: {', '.join(said)}"] if said else []) + (
+        [f"left out to fit {width} columns: {', '.join(left_out)} (wide tables show them)"] if left_out else [])
+    return text + "".join(f"\n{wrap(line, width)}" for line in foot)
+
+
+def wrap(line: str, width: int = WIDTH) -> str:
+    """Prose within `width` columns; continuation lines indented."""
+    return textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
 
 
 def _ms(v: float | None) -> str:
@@ -62,22 +109,26 @@ def session_rows(results: Sequence[Measurement]) -> list[list[str]]:
     return rows
 
 
-def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, str]] = (), fmt: str = "simple") -> str:
-    out = tabulate(session_rows(results), headers=SESSION_HEADERS, tablefmt=fmt, disable_numparse=True)
+def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, str]] = (), fmt: str = "simple",
+                  wide: bool = False) -> str:
+    out = fit(SESSION_HEADERS, session_rows(results), wide=wide, fmt=fmt,
+              foldable=("device", "timer", "mode", "n", "throughput", "window mem"),
+              droppable=("IQR ms", "window mem", "throughput", "min ms"))
     if errors:
-        out += "\n\nfailed scenarios:\n" + "\n".join(f"  {n}: {p}" for n, p in errors)
+        out += "\n\nfailed scenarios:\n" + "\n".join(f"  {n}: {p}" if wide else wrap(f"  {n}: {p}") for n, p in errors)
     return out
 
 
 COMPARE_HEADERS = ["scenario", "baseline ms", "current ms", "ratio", "interval (level)", "p (adj)",
                    "runs b/c (b spread)", "verdict"]
+COMPARE_DROPPABLE = ("p (adj)", "baseline ms", "current ms")
 
 
 def comparison_row(c: Comparison) -> list[str]:
     def num(v, f):
         return "-" if v is None else format(v, f)
 
-    ci = "-" if c.ci_low is None else f"[{c.ci_low:.3f}, {c.ci_high:.3f}] ({c.confidence:.1%})"
+    ci = "-" if c.ci_low is None else f"[{c.ci_low:.3g}, {c.ci_high:.3g}] ({c.confidence:.1%})"
     p = "-" if c.p_value is None else f"{c.p_value:.2g} ({c.p_adjusted:.2g})"
     # the baseline's own run-to-run spread, measured: how much one run of it may be trusted
     spread = "" if c.baseline_spread is None else f" ({math.expm1(c.baseline_spread):.1%})"
@@ -85,9 +136,9 @@ def comparison_row(c: Comparison) -> list[str]:
             f"{c.baseline_runs}/{c.candidate_runs}{spread}", c.verdict]
 
 
-def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str = "simple") -> str:
-    body = tabulate([comparison_row(c) for c in comparisons], headers=COMPARE_HEADERS, tablefmt=fmt,
-                    disable_numparse=True)
+def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str = "simple", wide: bool = False) -> str:
+    body = fit(COMPARE_HEADERS, [comparison_row(c) for c in comparisons], wide=wide, fmt=fmt,
+               foldable=("runs b/c (b spread)",), droppable=COMPARE_DROPPABLE)
     # an advice shared by several inconclusive rows is said once, under them, not once per scenario
     split = {c.name: c.reason.rsplit(": ", 1) for c in comparisons if c.verdict == "inconclusive" and ": " in c.reason}
     advice = [parts[1] for parts in split.values()]
@@ -98,10 +149,11 @@ def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str =
     methods = sorted({c.adjustment for c in comparisons if c.adjustment})
     foot = (f"\np-values adjusted by {'; '.join(methods) or 'nothing (no scenario was decidable)'}; alpha={alpha}; "
             f"each interval is at the level its verdict was decided at")
-    return body + foot + ("\n" + "\n".join(notes) if notes else "")
+    lines = [foot.lstrip("\n"), *notes]
+    return body + "".join(f"\n{line if wide else wrap(line)}" for line in lines)
 
 
-def decisions_table(decisions, fmt: str = "simple") -> str:
+def decisions_table(decisions, fmt: str = "simple", wide: bool = False) -> str:
     """One row per A/B decision: medians, speedup with interval, p, correctness, verdict."""
     rows = []
     for name, r in decisions:
@@ -111,8 +163,8 @@ def decisions_table(decisions, fmt: str = "simple") -> str:
         rows.append([name, med(r.baseline_ms), med(r.candidate_ms), r.speedup_text, p, len(r.baseline_ms), corr, r.verdict])
     from .interleaved import SPEEDUP_MEANS
 
-    return tabulate(rows, headers=["comparison", "baseline ms", "candidate ms", "speedup [95% CI]", "p", "pairs",
-                                   "correct", "verdict"], tablefmt=fmt, disable_numparse=True) + f"\n{SPEEDUP_MEANS}"
+    return fit(["comparison", "baseline ms", "candidate ms", "speedup [95% CI]", "p", "pairs", "correct", "verdict"],
+               rows, wide=wide, fmt=fmt, foldable=("pairs", "correct"), droppable=("p",)) + f"\n{SPEEDUP_MEANS if wide else wrap(SPEEDUP_MEANS)}"
 
 
 MARKDOWN_LIMIT = 1_000_000   # GitHub's job summary takes at most 1 MiB; leave room for other steps

@@ -58,6 +58,7 @@ class SessionConfig:
     save_incomplete: bool = False      # store an interrupted or failing session as a baseline run all the same
     strict: bool = False               # inconclusive and incomparable fail their items too
     markdown: Path | None = None       # a Markdown report appended here (e.g. $GITHUB_STEP_SUMMARY)
+    wide: bool = False                 # tables with every column and unwrapped notes, however wide
     timeout_s: float | None = 600.0    # per scenario, everything included; None or 0: no limit
     compare: str | None = None
     pb_json: Path | None = None
@@ -377,15 +378,16 @@ class BenchSession:
 
         if not self.results and not self.errors and not self.decisions:
             return []
-        out = [("bench_core results", session_table(self.results, self.errors))]
+        wide = self.config.wide
+        out = [("bench_core results", session_table(self.results, self.errors, wide=wide))]
         if self.decisions:
-            out.append(("bench_core A/B decisions (interleaved, paired)", decisions_table(self.decisions)))
+            out.append(("bench_core A/B decisions (interleaved, paired)", decisions_table(self.decisions, wide=wide)))
         for p in self.profiles:
             where = f"trace: {p.trace_path}" if p.trace_path else "trace: not written"
             out.append((f"bench_core diagnose: {p.scenario} (profiled separately; not in any result)",
                         f"{p.table}\n{hypotheses_table(p.hypotheses, p.facts)}\n{where} ({p.redaction})"))
         if self.compared_with is not None:
-            text = comparison_table(self.comparisons, self.config.gate.alpha)
+            text = comparison_table(self.comparisons, self.config.gate.alpha, wide=wide)
             missing = self.missing_from_run()
             if missing:
                 text += f"\nin the baseline but not run now: {', '.join(missing)}"
@@ -402,6 +404,11 @@ class BenchSession:
                         f"{self.prior.df:.3g} runs ({self.prior.source})"
             text += "\n" + self.outcome()
             out.append((f"bench_core comparison with {self.compared_with}", text))
+        if not wide:  # the session's own lines (warnings, the prior, the outcome) fit as the tables do
+            from .report import WIDTH, wrap
+
+            out = [(t, "\n".join(line if len(line) <= WIDTH else wrap(line) for line in text.splitlines()))
+                   for t, text in out]
         return [(self.shown(title), self.shown(text)) for title, text in out]
 
     def shown(self, text: str) -> str:
