@@ -143,4 +143,6 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
         return ProfileResult(name, None, describe(found) + " (refused: no trace written, nothing of it shown)",
                              "(refused)", replace(facts, stage_us={}, notes=()), (), refused=True)
     path = storage.write_trace(cfg.folder, name, clean, tensorboard=cfg.tensorboard)
+    storage.write_hypotheses(path, {"scenario": name, "trace": path.name, "redaction": describe(found),
+                                    "facts": facts.to_dict(), "hypotheses": [h.to_dict() for h in shown]})
     return ProfileResult(name, path, describe(found), table, facts, shown)

@@ -484,6 +484,14 @@ def write_trace(folder: Path, scenario: str, doc: Any, tensorboard: bool = False
     return path
 
 
+def write_hypotheses(trace: Path, doc: Mapping[str, Any]) -> Path:
+    """The diagnose pass's facts and hypotheses beside their trace (`NAME.trace.json` ->
+    `NAME.hypotheses.json`), never replacing a file."""
+    trace = Path(trace)
+    return write_new(trace.with_name(trace.name.removesuffix(".trace.json") + ".hypotheses.json"),
+                     _dump(dict(doc)))
+
+
 # -- torch files: starting states and correctness references --------------------------------------------
 def _write_torch(path: Path, doc: Mapping[str, Any], overwrite: bool) -> Path:
     import io

@@ -36,6 +36,9 @@ class TraceFacts:
     stage_us: Mapping[str, float]        # per step, from stage:: labels
     notes: tuple[str, ...] = ()
 
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "stage_us": dict(self.stage_us), "notes": list(self.notes)}
+
 
 def _complete(events: Iterable[Mapping]) -> list[Mapping]:
     return [e for e in events if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
@@ -105,7 +108,8 @@ def facts(events: Iterable[Mapping]) -> TraceFacts:
 
 
 def analyze(events: Sequence[Mapping], *, idle_fraction: float = 0.5, min_launches: int = 100,
-            short_us: float = 10.0, dominant_share: float = 0.5) -> tuple[TraceFacts, list[Hypothesis]]:
+            short_us: float = 10.0, dominant_share: float = 0.5,
+            leading_share: float = 0.25) -> tuple[TraceFacts, list[Hypothesis]]:
     ev = _complete(events)
     f = facts(ev)
     n = max(f.steps, 1)
@@ -174,19 +178,27 @@ def analyze(events: Sequence[Mapping], *, idle_fraction: float = 0.5, min_launch
                 "the work is fragmented into many small operator calls",
                 "batch or fuse the work and compare total cost: benchmarks/test_kernels.py::test_fragmented_work"))
 
-    # 4. one operator dominating
+    # 4. one operator dominating, or leading by a clear share: named, with its share and its calls
     self_us = self_times(ev)
     total = sum(self_us.values())
     if total > 0:
-        name, t = max(self_us.items(), key=lambda kv: kv[1])
+        ranked = sorted(self_us.items(), key=lambda kv: -kv[1])
+        (name, t), second = ranked[0], (ranked[1] if len(ranked) > 1 else (None, 0.0))
+        calls = sum(1 for e in ev if str(e.get("name")) == name and e.get("cat") in ("kernel", "cpu_op")) / n
+        where = "device" if f.gpu_observed else "CPU"
+        seen = f"{name} takes {t / total:.0%} of self {where} time ({t / n:.0f} us per step, {calls:.0f} calls per step"
         if t / total >= dominant_share:
-            where = "device" if f.gpu_observed else "CPU"
             rows.append(Hypothesis(
-                "dominant_op",
-                f"{name} takes {t / total:.0%} of self {where} time ({t / n:.0f} us per step)",
+                "dominant_op", seen + ")",
                 "this operator's shapes or algorithm decide the step's cost",
                 f"time {name} alone on the same inputs (bench_core.measure), and compare alternatives with "
                 "bench_core.ab"))
+        elif t / total >= leading_share and t >= 2 * second[1]:
+            rows.append(Hypothesis(
+                "leading_op", seen + f"; the next, {second[0]}, {second[1] / total:.0%})",
+                "the largest single cost: its shapes, dtype or layout are where a change pays most",
+                f"time {name} alone on the same inputs (bench_core.measure) in other dtypes or layouts, then "
+                "bench_core.ab on the step"))
     return f, rows
 
 

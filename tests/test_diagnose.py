@@ -87,6 +87,20 @@ def test_dominant_operator_by_self_time():
     assert "bench_core.ab" in r.next_check
 
 
+def test_a_leading_operator_is_named_with_its_share_calls_and_the_runner_up():
+    # one matmul at 41% of the time: below "dominant", but the clear leader (the next is 15%)
+    ev = steps(2, length=10000)
+    for i in range(2):
+        t = i * 10000
+        ev += [X("aten::mm", t, 410), X("aten::add", t + 500, 150), X("aten::relu", t + 700, 150),
+               X("aten::mul", t + 900, 145), X("aten::sum", t + 1100, 145)]
+    rows = analyze(ev)[1]
+    (r,) = [r for r in rows if r.rule == "leading_op"]
+    assert "aten::mm takes 41% of self CPU time (410 us per step, 1 calls per step; the next, aten::add, 15%)" \
+        in r.observation
+    assert not [r for r in rows if r.rule == "dominant_op"]
+
+
 def test_no_rule_matches_a_balanced_trace():
     ev = steps(1) + [X(f"op{i}", i * 100, 90) for i in range(5)]
     f, rows = analyze(ev)
@@ -152,6 +166,10 @@ def test_profile_pass_writes_a_redacted_trace_and_keeps_results_clean(pytester):
     text = trace.read_text()
     assert "jane.doe" not in text and "alice" not in text and "<redacted:email>" in text
     assert "stage::forward" in text
+    # the hypotheses are kept beside their trace, redacted as the trace is
+    kept = json.loads(trace.with_name(trace.name.replace(".trace.json", ".hypotheses.json")).read_text())
+    assert kept["trace"] == trace.name and kept["facts"]["steps"] == 3 and "forward" in kept["facts"]["stage_us"]
+    assert isinstance(kept["hypotheses"], list) and "jane.doe" not in json.dumps(kept)
     (session,) = (pytester.path / ".bench" / "results").glob("session-*.json")
     doc = json.loads(session.read_text())
     assert len(doc["results"][0]["host_ms"]) == 3          # the profiled steps never became samples
@@ -159,6 +177,7 @@ def test_profile_pass_writes_a_redacted_trace_and_keeps_results_clean(pytester):
     # a second run never overwrites the first trace
     pytester.runpytest_subprocess("--bench-profile", "prof", "--bench-repeats", "3").assert_outcomes(passed=1)
     assert len(list((pytester.path / "prof").glob("*.trace.json"))) == 2
+    assert len(list((pytester.path / "prof").glob("*.hypotheses.json"))) == 2
 
 
 def test_profile_pass_can_refuse_to_write_sensitive_traces(pytester):
