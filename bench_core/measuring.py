@@ -28,6 +28,7 @@ def measure(
     environment: Mapping[str, Any] | None = None,
     clock: Clock | None = None,
     backend: Backend | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Measurement:
     """Time a zero-argument callable and return its raw samples as a `Measurement`.
 
@@ -36,6 +37,7 @@ def measure(
     runs untimed before every call (per_call mode) or before every block (block mode).
     In block mode each sample times `block_size` back-to-back calls with one synchronization at the
     end, so overlap between consecutive steps is kept; the per-call figure is the block divided by k.
+    `progress(what, done, total)` is called between calls and samples, never inside a timed window.
     """
     if scenario is None:
         scenario = Scenario(getattr(fn, "__qualname__", "anonymous"), ("compute",))
@@ -78,6 +80,8 @@ def measure(
         if setup is not None:
             sampler.call(f"setup before warmup call {i}", setup)
         sampler.call(f"warmup call {i}", fn)
+        if progress is not None:
+            progress("warmup", i + 1, warmup)
 
     samples = []
     with gc_paused():
@@ -86,6 +90,8 @@ def measure(
             if setup is not None:
                 sampler.call(f"setup before sample {i}", setup)
             samples.append(sampler.sample(fn, block_size, what=f"sample {i}"))
+            if progress is not None:
+                progress("samples", i + 1, repeats)
         memory = backend.memory_end()
 
     try:

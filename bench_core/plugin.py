@@ -165,11 +165,23 @@ def pytest_configure(config):
             wide=config.getoption(OPT_WIDE),
         )
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
+        if config.getoption("verbose") > -2:   # -qq silences it
+            from bench_core.progress import Progress
+
+            session.progress = Progress(lambda line: _progress_line(config, line))
         if against is not None:
             session.open_revision(root)
         config.stash[_KEY] = session
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
+
+
+def _progress_line(config, line: str) -> None:
+    """A line in pytest's own output, past output capture (a test's prints stay captured)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(line)
 
 
 def _active(config) -> bool:

@@ -80,6 +80,7 @@ class BenchSession:
         self.decisions: list[tuple[str, Any]] = []   # (name, ABResult)
         self.profiles: list[Any] = []                 # diagnose.ProfileResult, never mixed into results
         self._measure = measure_fn
+        self.progress = None                          # a progress.Progress, when someone is watching
         self.family_size: int | None = None           # scenarios in this session, once collection knows
         self.revision = None                          # revisions.LoadedRevision under --bench-against
         self.against_records: list[dict] = []         # per scenario: rounds, both sides' code, decision
@@ -116,6 +117,8 @@ class BenchSession:
         """Measure without recording (errors are recorded: they belong in the report)."""
         w, r = self.counts(warmup, repeats)
         scenario = scenario.with_metadata(device=self.config.device)
+        if self.progress is not None:
+            kwargs = {"progress": self.progress.scenario(scenario.name), **kwargs}
         try:
             return self._measure(fn, scenario=scenario, device=self.config.device, warmup=w, repeats=r,
                                  threads=self.config.threads, environment=self.environment, **kwargs)
@@ -281,6 +284,9 @@ class BenchSession:
         why_not = []
 
         def fresh():
+            if self.progress is not None:
+                self.progress.note(m.name, f"possible slowdown: measuring again in fresh process {len(runs)} "
+                                           f"(runs go up to {gate.max_runs})")
             try:
                 return replicate()
             except ScenarioError as exc:

@@ -313,3 +313,23 @@ def test_block_mode_is_what_tells_a_non_blocking_pinned_copy_from_a_blocking_one
 
     assert per_sample(True, "per_call") == pytest.approx(per_sample(False, "per_call"))   # indistinguishable
     assert per_sample(True, "block") < 0.9 * per_sample(False, "block")  # queued copies hide the launches
+
+
+def test_progress_is_said_between_samples_at_most_every_interval():
+    from bench_core.progress import Progress
+    from fakes import FakeClock, work
+
+    lines, now = [], [0.0]
+    progress = Progress(lines.append, every_s=5.0, clock=lambda: now[0])
+    tick = progress.scenario("alpha")
+    for i in range(1, 13):
+        now[0] = i * 1.0
+        tick("samples", i, 12)
+    assert lines == ["bench_core: alpha: samples 5/12 (5 s)", "bench_core: alpha: samples 10/12 (10 s)"]
+    # measure() calls it after each warmup call and each sample, outside the timed window
+    seen = []
+    clock = FakeClock()
+    m = measure(work(clock, 3.0, 2.0), warmup=2, repeats=4, clock=clock,
+                progress=lambda what, done, total: seen.append((what, done, total)))
+    assert seen == [("warmup", 1, 2), ("warmup", 2, 2)] + [("samples", i, 4) for i in range(1, 5)]
+    assert m.host_ms == (2.0,) * 4                     # the callback cost nothing the samples can see

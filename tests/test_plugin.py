@@ -459,3 +459,16 @@ def test_a_markdown_report_for_the_job_summary_says_the_verdicts_first_and_appen
                  "--bench-run-noise", "0.01")
     assert (bt.path / "summary.md").read_text().startswith(text) and \
         (bt.path / "summary.md").read_text().count("## bench_core") == 2      # appended, nothing lost
+
+
+def test_long_scenarios_say_how_far_they_are_in_pytests_output(bt, monkeypatch):
+    import bench_core.progress
+
+    monkeypatch.setattr(bench_core.progress, "EVERY_S", 0.0)    # every sample counts as "long" here
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    res = bt.runpytest("--bench-repeats", "4", "--bench-warmup", "1")   # output capture on, as usual
+    res.assert_outcomes(passed=2)
+    res.stdout.fnmatch_lines(["*bench_core: alpha: warmup 1/1*", "*bench_core: alpha: samples 4/4*",
+                              "*bench_core: beta: samples 4/4*"])
+    quiet = bt.runpytest("--bench-repeats", "4", "--bench-warmup", "1", "-qq", "--bench-no-out")
+    assert "bench_core: alpha: samples" not in quiet.stdout.str()
