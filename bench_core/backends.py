@@ -19,6 +19,7 @@ class Backend(Protocol):
     def elapsed_ms(self, start: Any, end: Any) -> float: ...
     def memory_begin(self) -> None: ...
     def memory_end(self) -> Memory: ...
+    def gpu_state(self) -> Any | None: ...
 
 
 class CpuBackend:
@@ -44,20 +45,28 @@ class CpuBackend:
     def memory_end(self) -> Memory:
         return Memory()  # not observed: all None
 
+    def gpu_state(self) -> None:
+        return None
+
 
 class CudaBackend:
     """CUDA timing through events on the current stream, memory from the caching allocator's statistics."""
 
     kind = "cuda"
 
-    def __init__(self, cuda: Any = None, device: int | None = None):
+    def __init__(self, cuda: Any = None, device: int | None = None, telemetry: Any = None):
         if cuda is None:
             import torch
 
             cuda = torch.cuda
         self.cuda = cuda
         self.device = device
+        self.telemetry = telemetry      # a telemetry.Telemetry for this device, or None: not observed
         self._start_stats: dict = {}
+
+    def gpu_state(self):
+        """The device's clocks, throttle reasons, temperature and power now (NVML), or None."""
+        return None if self.telemetry is None else self.telemetry.state()
 
     def synchronize(self) -> None:
         self.cuda.synchronize(self.device)
@@ -104,12 +113,39 @@ class CudaBackend:
         )
 
 
+def _telemetry(cuda: Any, device: int | None):
+    """NVML telemetry for the torch device, found by its UUID (CUDA_VISIBLE_DEVICES renumbers devices, NVML
+    does not), else by index; None without NVML (the optional `telemetry` extra) or with a fake `cuda`."""
+    import os
+
+    from .telemetry import Telemetry, load_nvml
+
+    if cuda is not None:
+        return None
+    nvml = load_nvml()
+    if nvml is None:
+        return None
+    import torch
+
+    index = torch.cuda.current_device() if device is None else device
+    try:
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        t = Telemetry(nvml, index, os.getpid())
+        t.handle = nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        return t
+    except Exception:
+        try:
+            return Telemetry(nvml, index, os.getpid())
+        except Exception:
+            return None
+
+
 def backend_for(device: str, cuda: Any = None) -> Backend:
     """'cpu', 'cuda' (the current device) or 'cuda:N' (device N: synchronized, timed and observed there)."""
     if device == "cpu":
         return CpuBackend()
     if device == "cuda":
-        return CudaBackend(cuda)
+        return CudaBackend(cuda, telemetry=_telemetry(cuda, None))
     if device.startswith("cuda:") and device[5:].isdigit():
-        return CudaBackend(cuda, int(device[5:]))
+        return CudaBackend(cuda, int(device[5:]), telemetry=_telemetry(cuda, int(device[5:])))
     raise ValueError(f"unknown device {device!r}; use 'cpu', 'cuda' or 'cuda:N'")

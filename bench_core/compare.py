@@ -50,6 +50,7 @@ import numpy as np
 from .environment import differences
 from .records import Measurement
 from .scenario import Scenario, thaw
+from .telemetry import throttled
 from .stats import (VariancePrior, adjust_pvalues, fit_variance_prior, mann_whitney, mann_whitney_min_p, median_log_se,
                     t_interval, t_quantile, t_test)
 
@@ -136,6 +137,7 @@ class Comparison:
     baseline_spread: float | None = None   # the baseline's own measured run-to-run spread, same units
     prior: str | None = None               # where the variance prior came from, in words
     more_runs: int | None = None           # inconclusive: candidate runs in all that would likely decide
+    notes: tuple[str, ...] = ()            # what weakens this comparison without changing its arithmetic
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -228,6 +230,12 @@ def estimate(
                           reason=f"too few samples ({len(b_pool)} vs {len(c_pool)}) to ever reach p < {config.alpha}",
                           **common)
 
+    # A throttled GPU looks exactly like slower code: the comparison says so beside its verdict
+    hot = [f"{side} run {i}: {flag}" for side, runs in (("baseline", baseline), ("current", candidate))
+           for i, m in enumerate(runs) for flag in throttled(m.telemetry)]
+    if hot:
+        common["notes"] = (f"the GPU was throttled during a timed window ({'; '.join(hot)}): a change may be the "
+                           f"GPU's, not the code's",)
     if prior is None:  # the fixed fallback also carries the runs' own within-run error
         within = np.mean([median_log_se(x.primary_ms) ** 2 for x in (*baseline, *candidate)])
         prior = VariancePrior(math.log1p(config.run_noise) ** 2 + within, config.prior_runs,

@@ -84,6 +84,7 @@ def measure(
             progress("warmup", i + 1, warmup)
 
     samples = []
+    gpu_before = backend.gpu_state()           # the device's clocks and throttling, read outside the window
     with gc_paused():
         backend.memory_begin()
         for i in range(repeats):
@@ -93,6 +94,12 @@ def measure(
             if progress is not None:
                 progress("samples", i + 1, repeats)
         memory = backend.memory_end()
+    gpu_after = backend.gpu_state()
+    telemetry = None
+    if gpu_before is not None and gpu_after is not None:
+        from .telemetry import window_record
+
+        telemetry = window_record(gpu_before, gpu_after)
 
     try:
         return Measurement(
@@ -109,6 +116,7 @@ def measure(
             threads=used_threads,
             memory=memory,
             environment=environment or {},
+            telemetry=telemetry,
         )
     except InvalidRecord as exc:
         raise ScenarioError(name, str(exc)) from exc

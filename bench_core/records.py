@@ -87,9 +87,16 @@ class Measurement:
     threads: int | None = None
     memory: Memory = field(default_factory=Memory)
     environment: Mapping[str, Any] = field(default_factory=dict)
+    # the GPU's own state around the window (`telemetry.window_record`); None: not observed
+    telemetry: Mapping[str, Any] | None = None
 
     def __post_init__(self):
         name = self.scenario.name if isinstance(self.scenario, Scenario) else "?"
+        if self.telemetry is not None:
+            if not isinstance(self.telemetry, Mapping) or not {"before", "after", "flags"} <= set(self.telemetry):
+                raise InvalidRecord(f"scenario {name!r}: telemetry must hold before, after and flags")
+            object.__setattr__(self, "telemetry", MappingProxyType(
+                {**self.telemetry, "flags": tuple(self.telemetry["flags"])}))
         if not isinstance(self.scenario, Scenario):
             raise InvalidRecord("measurement needs a Scenario record")
         if self.device not in DEVICES:

@@ -114,6 +114,10 @@ def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, st
     out = fit(SESSION_HEADERS, session_rows(results), wide=wide, fmt=fmt,
               foldable=("device", "timer", "mode", "n", "throughput", "window mem"),
               droppable=("IQR ms", "window mem", "throughput", "min ms"))
+    gpu_notes = [f"{m.name}: the GPU during its window: {'; '.join(m.telemetry['flags'])}"
+                 for m in results if m.telemetry is not None and m.telemetry["flags"]]
+    for line in gpu_notes:
+        out += "\n" + (line if wide else wrap(line))
     if errors:
         out += "\n\nfailed scenarios:\n" + "\n".join(f"  {n}: {p}" if wide else wrap(f"  {n}: {p}") for n, p in errors)
     return out
@@ -146,6 +150,7 @@ def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str =
     notes = [f"{c.name}: {c.verdict}: {split[c.name][0] if split.get(c.name, ['', ''])[1] in shared else c.reason}"
              for c in comparisons if c.verdict != "unchanged"]
     notes += [f"to decide the inconclusive ones: {a}" for a in shared]
+    notes += [f"{c.name}: warning: {n}" for c in comparisons for n in c.notes]
     methods = sorted({c.adjustment for c in comparisons if c.adjustment})
     foot = (f"\np-values adjusted by {'; '.join(methods) or 'nothing (no scenario was decidable)'}; alpha={alpha}; "
             f"each interval is at the level its verdict was decided at")

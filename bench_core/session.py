@@ -470,6 +470,7 @@ class BenchSession:
         notes = [f"{n}: {t}" for n, t in self.one_side]
         notes += sorted({c.method for c in self.comparisons if c.method})
         notes += [f"warning: {n}" for n in self.baseline_notes]
+        notes += [f"{c.name}: warning: {n}" for c in self.comparisons for n in c.notes]
         text = markdown(f"bench_core: {self.compared_with or 'results'}",
                         self.outcome() if self.compared_with else None, self.comparisons,
                         [c for c in self.comparisons if self.fails(c)], self.results, self.errors, self.decisions, notes)

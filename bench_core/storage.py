@@ -22,7 +22,10 @@ JSON files (session results, baselines and A/B decision records share the versio
   3 (bench_core 0.3.0): the stored-baseline gate moderates its variance and replicates processes. A
     comparison carries `looks`, `min_runs`, `guard`, `run_spread`, `baseline_spread`, `prior` and
     `more_runs`; a gated session file has `replicas`: per scenario, the measurements (raw samples) of the
-    fresh processes the gate started, never read back as results. Versions 1 and 2 are read as before.
+    fresh processes the gate started, never read back as results. A result may carry `telemetry`: the GPU's
+    clocks, clock event (throttle) reasons, temperature, power and other processes just before and after
+    its window, from NVML, and the `flags` they raise (absent: not observed). Versions 1 and 2 are read as
+    before.
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
@@ -169,6 +172,8 @@ def measurement_doc(m: Measurement, with_environment: bool = False) -> dict:
         "summary": m.summary.to_dict(),  # derived, for readers of the file; recomputed on load
         "throughput_per_s": m.throughput,
     }
+    if m.telemetry is not None:
+        d["telemetry"] = {**thaw(m.telemetry), "flags": list(m.telemetry["flags"])}
     if with_environment:
         d["environment"] = thaw(m.environment)
     return d
@@ -189,6 +194,7 @@ def measurement_from_doc(d: Mapping[str, Any], environment: Mapping[str, Any] | 
         threads=d.get("threads"),
         memory=Memory(**(d.get("memory") or {})),
         environment=environment if environment is not None else d.get("environment") or {},
+        telemetry=d.get("telemetry"),
     )
 
 

@@ -140,3 +140,44 @@ def work(clock: FakeClock, *ms: float):
 
     fn.calls = calls
     return fn
+
+
+class FakeNVML:
+    """The few NVML calls telemetry makes, with values a test sets. A field set to None raises, as NVML does for
+    a query the GPU or driver does not support."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+    class _Proc:
+        def __init__(self, pid):
+            self.pid = pid
+
+    def __init__(self):
+        self.sm, self.mem, self.max_sm, self.temp, self.power_mw, self.reasons = 1980, 2619, 1980, 45, 300_000, 0
+        self.pids: list[int] = []
+
+    def _get(self, v):
+        if v is None:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return v
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return ("gpu", i)
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return self._get(self.sm if kind == self.NVML_CLOCK_SM else self.mem)
+
+    def nvmlDeviceGetMaxClockInfo(self, h, kind):
+        return self._get(self.max_sm)
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return self._get(self.temp)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self._get(self.power_mw)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self._get(self.reasons)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [self._Proc(p) for p in self._get(self.pids)]
