@@ -40,6 +40,7 @@ OPT_TIMEOUT = "--bench-timeout"
 OPT_STRICT = "--bench-strict"
 OPT_MD = "--bench-md"
 OPT_WIDE = "--bench-wide"
+OPT_PLOTS = "--bench-plots"
 OPT_AGAINST = "--bench-against"
 OPT_ROUNDS = "--bench-rounds"
 OPT_PAIRS = "--bench-pairs"
@@ -80,6 +81,9 @@ def pytest_addoption(parser):
                 help="append a Markdown report here (e.g. \"$GITHUB_STEP_SUMMARY\"): verdicts first, then tables")
     g.addoption(OPT_WIDE, action="store_true",
                 help="tables with every column and notes unwrapped (by default they fit 120 columns)")
+    g.addoption(OPT_PLOTS, metavar="DIR", default=None,
+                help="write a distribution plot per scenario (this run, baseline runs, A and B) to DIR "
+                     "(needs matplotlib: pip install -e \".[plots]\")")
     g.addoption(OPT_STRICT, action="store_true",
                 help="with a comparison: inconclusive and incomparable fail their test items too")
     g.addoption(OPT_TIMEOUT, type=float, default=600.0,
@@ -163,7 +167,13 @@ def pytest_configure(config):
             against=against, timeout_s=config.getoption(OPT_TIMEOUT) or None, strict=config.getoption(OPT_STRICT),
             markdown=Path(config.getoption(OPT_MD)) if config.getoption(OPT_MD) else None,
             wide=config.getoption(OPT_WIDE),
+            plots=root / config.getoption(OPT_PLOTS) if config.getoption(OPT_PLOTS) else None,
         )
+        if scfg.plots is not None:  # found now, not after minutes of measuring
+            from bench_core.plots import NEEDS, available
+
+            if not available():
+                raise ValueError(f"{OPT_PLOTS}: {NEEDS}")
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
         if config.getoption("verbose") > -2:   # -qq silences it
             from bench_core.progress import Progress

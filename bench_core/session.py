@@ -59,6 +59,7 @@ class SessionConfig:
     strict: bool = False               # inconclusive and incomparable fail their items too
     markdown: Path | None = None       # a Markdown report appended here (e.g. $GITHUB_STEP_SUMMARY)
     wide: bool = False                 # tables with every column and unwrapped notes, however wide
+    plots: Path | None = None          # a distribution plot per scenario written here (matplotlib, optional)
     timeout_s: float | None = 600.0    # per scenario, everything included; None or 0: no limit
     compare: str | None = None
     pb_json: Path | None = None
@@ -456,6 +457,8 @@ class BenchSession:
                 self.config.pb_json, to_pytest_benchmark(self.results, self.environment, storage.now_iso()))))
         if self.config.markdown is not None:
             attempt(self._write_markdown)
+        if self.config.plots is not None:
+            attempt(self._write_plots)
         if self.config.save is not None and self.results:
             if incomplete and not self.config.save_incomplete:
                 lines.append(f"baseline {self.config.save!r} NOT saved: {incomplete}; a baseline run must be a "
@@ -463,6 +466,29 @@ class BenchSession:
             else:
                 attempt(self._save_baseline)
         return lines, failures
+
+    def plot_groups(self) -> list[tuple[str, str, list[tuple[str, tuple[float, ...]]]]]:
+        """(name, title, groups) for every plot: a result with its baseline runs and fresh processes, and
+        each A/B decision's two sides. The figure the gate compares: GPU time where there is one."""
+        out = []
+        for m in self.results:
+            groups = [("this run", m.primary_ms)]
+            groups += [(f"fresh process {i + 1}", r.primary_ms) for i, r in enumerate(self.replicas.get(m.name, ()))]
+            if self.baseline is not None:
+                groups += [(f"baseline run {i}", r.primary_ms) for i, r in enumerate(self.baseline.get(m.name, ()))]
+            title = f"{m.name}: {m.timer} time" + (f" against baseline {self.config.compare!r}" if self.baseline else "")
+            out.append((m.name, title, groups))
+        for name, r in self.decisions:
+            out.append((f"ab-{name}", f"A/B {name}: baseline and candidate, interleaved pairs",
+                        [("baseline", tuple(r.baseline_ms)), ("candidate", tuple(r.candidate_ms))]))
+        return out
+
+    def _write_plots(self) -> str:
+        from .plots import png
+
+        written = [storage.write_plot(self.config.plots, self.shown(name), png(self.shown(title), groups))
+                   for name, title, groups in self.plot_groups() if all(len(g) for _, g in groups)]
+        return f"{len(written)} distribution plot(s) written to {self.config.plots}"
 
     def _write_markdown(self) -> str:
         from .report import markdown

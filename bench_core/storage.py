@@ -490,6 +490,11 @@ def write_trace(folder: Path, scenario: str, doc: Any, tensorboard: bool = False
     return path
 
 
+def write_plot(folder: Path, name: str, data: bytes) -> Path:
+    """A PNG distribution plot under a new name in `folder` (NAME.png, then NAME-1.png...)."""
+    return _write_new(Path(folder), safe_stem(name, "scenario"), data, suffix=".png", stamped=False)
+
+
 def write_hypotheses(trace: Path, doc: Mapping[str, Any]) -> Path:
     """The diagnose pass's facts and hypotheses beside their trace (`NAME.trace.json` ->
     `NAME.hypotheses.json`), never replacing a file."""

@@ -1,4 +1,6 @@
 """The tables people read: within 120 columns by default, every column on request."""
+import pytest
+
 from bench_core.compare import compare_sets
 from bench_core.report import WIDTH, comparison_table, session_table
 from helpers import runs
@@ -33,3 +35,56 @@ def test_the_comparison_table_fits_keeps_the_verdict_and_wraps_its_notes():
     assert "\n  " in narrow                                          # a long note continues, indented
     wide = comparison_table(comps, 0.01, wide=True)
     assert _widest(wide) > WIDTH and "p (adj)" in wide.splitlines()[0]
+
+
+def test_a_distribution_plot_shows_every_group_with_its_samples():
+    pytest.importorskip("matplotlib")
+    from bench_core.plots import figure, png
+
+    groups = [("this run", (2.0, 2.1, 2.05)), ("baseline run 0", (1.0, 1.1)), ("baseline run 1", (1.05, 1.0, 1.2))]
+    fig = figure("alpha: host time", groups)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["this run (n=3)", "baseline run 0 (n=2)",
+                                                            "baseline run 1 (n=3)"]
+    points = sorted(float(x) for c in ax.collections for x, _ in c.get_offsets())
+    assert points == sorted(v for _, g in groups for v in g)             # every sample, none invented
+    assert ax.get_title() == "alpha: host time" and ax.get_xlabel() == "time per call (ms)"
+    data = png("alpha", groups)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_session_writes_one_plot_per_scenario_with_its_baseline_runs(tmp_path):
+    pytest.importorskip("matplotlib")
+    from bench_core.session import BenchSession, SessionConfig
+    from fakes import FakeClock, work
+    from helpers import ENV
+    from bench_core import Scenario
+
+    def session(**kw):
+        return BenchSession(SessionConfig(results_dir=None, baselines_dir=tmp_path / "bl", repeats=5, warmup=0,
+                                          **kw), ENV)
+    for i in range(2):
+        s = session(save="main", append=i > 0)
+        clock = FakeClock()
+        s.run(Scenario("alpha", ("forward",)), work(clock, 1.0, 2.0 + i), clock=clock)
+        s.finish()
+    s = session(compare="main", plots=tmp_path / "plots")
+    clock = FakeClock()
+    s.run(Scenario("alpha", ("forward",)), work(clock, 1.0, 2.5), clock=clock)
+    assert s.plot_groups()[0][2] == [("this run", (2.5,) * 5), ("baseline run 0", (2.0,) * 5),
+                                     ("baseline run 1", (3.0,) * 5)]
+    lines, failures = s.finish()
+    assert failures == [] and "1 distribution plot(s) written" in " ".join(lines)
+    (plot,) = (tmp_path / "plots").glob("alpha*.png")
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_asking_for_plots_without_matplotlib_stops_at_once_and_says_how_to_get_it(pytester, monkeypatch):
+    import bench_core.plots
+
+    monkeypatch.setattr(bench_core.plots, "available", lambda: False)
+    pytester.makepyfile(test_x="def test_x(bench):\n    pass\n")
+    res = pytester.runpytest("--bench-plots", "plots")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*--bench-plots: plots need matplotlib, an optional extra: pip install -e*"])
+    assert '".[plots]"' in res.stderr.str()
