@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from tabulate import tabulate
 
@@ -123,6 +123,34 @@ def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, st
     return out
 
 
+RESOURCE_HEADERS = ["scenario", "peak device mem", "window mem", "throughput", "host-to-device", "waiting for data"]
+
+
+def resource_rows(results: Sequence[Measurement], data_wait: dict[str, float] | None = None) -> list[list[str]]:
+    """What each scenario needed, from what was measured. `data_wait`: the share of a step spent reading a
+    batch, by scenario, from a diagnose pass (it is not in the measurement itself)."""
+    rows = []
+    for m in results:
+        shapes = m.scenario.metadata.get("shapes")
+        copied = shapes.get("bytes") if isinstance(shapes, Mapping) else None
+        h2d = NOT_OBSERVED
+        if "transfer" in m.scenario.window and isinstance(copied, int) and m.summary.median > 0:
+            h2d = f"{copied / (m.summary.median / 1e3) / 1e9:.2f} GB/s"
+        wait = (data_wait or {}).get(m.name)
+        rows.append([m.name, _bytes(m.memory.peak_allocated_bytes), _bytes(m.memory.window_peak_bytes),
+                     _rate(m.throughput), h2d, NOT_OBSERVED if wait is None else f"{wait:.0%}"])
+    return rows
+
+
+def resource_table(results: Sequence[Measurement], environment: Mapping, data_wait: dict[str, float] | None = None,
+                   wide: bool = False) -> str:
+    where = environment.get("gpu_name") or environment.get("cpu_model") or "this machine"
+    body = fit(RESOURCE_HEADERS, resource_rows(results, data_wait), wide=wide)
+    caveat = (f"measured on this machine ({where}); a local run does not prove a rented server's host CPU, disk or "
+              f"network. Waiting for data comes from a diagnose pass (--bench-profile); n/o: not observed")
+    return body + "\n" + (caveat if wide else wrap(caveat))
+
+
 COMPARE_HEADERS = ["scenario", "baseline ms", "current ms", "ratio", "interval (level)", "p (adj)",
                    "runs b/c (b spread)", "verdict"]
 COMPARE_DROPPABLE = ("p (adj)", "baseline ms", "current ms")
@@ -169,7 +197,7 @@ def decisions_table(decisions, fmt: str = "simple", wide: bool = False) -> str:
     from .interleaved import SPEEDUP_MEANS
 
     return fit(["comparison", "baseline ms", "candidate ms", "speedup [95% CI]", "p", "pairs", "correct", "verdict"],
-               rows, wide=wide, fmt=fmt, foldable=("pairs", "correct"), droppable=("p",)) + f"\n{SPEEDUP_MEANS if wide else wrap(SPEEDUP_MEANS)}"
+               rows, wide=wide, fmt=fmt, foldable=("pairs", "correct"), droppable=("p", "baseline ms", "candidate ms")) + f"\n{SPEEDUP_MEANS if wide else wrap(SPEEDUP_MEANS)}"
 
 
 MARKDOWN_LIMIT = 1_000_000   # GitHub's job summary takes at most 1 MiB; leave room for other steps

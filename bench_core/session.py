@@ -380,13 +380,17 @@ class BenchSession:
     # -- reporting -------------------------------------------------------------------------------
     def summary_sections(self) -> list[tuple[str, str]]:
         """The end-of-session report as (title, text) sections, in reading order."""
-        from .report import comparison_table, decisions_table, session_table
+        from .report import comparison_table, decisions_table, resource_table, session_table, wrap
         from .trace_analysis import hypotheses_table
 
         if not self.results and not self.errors and not self.decisions:
             return []
         wide = self.config.wide
         out = [("bench_core results", session_table(self.results, self.errors, wide=wide))]
+        if self.results:
+            wait = {p.scenario: p.facts.stage_us["batch_read"] / p.facts.step_us for p in self.profiles
+                    if p.facts.step_us and "batch_read" in p.facts.stage_us}
+            out.append(("bench_core resource needs", resource_table(self.results, self.environment, wait, wide)))
         if self.decisions:
             out.append(("bench_core A/B decisions (interleaved, paired)", decisions_table(self.decisions, wide=wide)))
         for p in self.profiles:
@@ -395,27 +399,22 @@ class BenchSession:
                         f"{p.table}\n{hypotheses_table(p.hypotheses, p.facts)}\n{where} ({p.redaction})"))
         if self.compared_with is not None:
             text = comparison_table(self.comparisons, self.config.gate.alpha, wide=wide)
+            lines = []   # the session's own lines: warnings, the prior, the outcome; wrapped as the tables fit
             missing = self.missing_from_run()
             if missing:
-                text += f"\nin the baseline but not run now: {', '.join(missing)}"
+                lines.append(f"in the baseline but not run now: {', '.join(missing)}")
             if self.revision is not None:
-                text += (f"\nbaseline = {self.revision.revision.label} ({self.revision.revision.commit[:12]}); "
-                         f"current = {_describe(self.revision.current)}; "
-                         f"{self.comparisons[0].method if self.comparisons else ''}")
-            for name, note in self.one_side:
-                text += f"\n{name}: {note}"
-            for note in self.baseline_notes:
-                text += f"\nwarning: {note}"
+                lines.append(f"baseline = {self.revision.revision.label} ({self.revision.revision.commit[:12]}); "
+                             f"current = {_describe(self.revision.current)}; "
+                             f"{self.comparisons[0].method if self.comparisons else ''}")
+            lines += [f"{name}: {note}" for name, note in self.one_side]
+            lines += [f"warning: {note}" for note in self.baseline_notes]
             if self.prior is not None:
-                text += f"\nrun-to-run variance prior: {math.expm1(math.sqrt(self.prior.variance)):.1%} spread, worth " \
-                        f"{self.prior.df:.3g} runs ({self.prior.source})"
-            text += "\n" + self.outcome()
+                lines.append(f"run-to-run variance prior: {math.expm1(math.sqrt(self.prior.variance)):.1%} spread, "
+                             f"worth {self.prior.df:.3g} runs ({self.prior.source})")
+            lines.append(self.outcome())
+            text += "".join(f"\n{line if wide else wrap(line)}" for line in lines)
             out.append((f"bench_core comparison with {self.compared_with}", text))
-        if not wide:  # the session's own lines (warnings, the prior, the outcome) fit as the tables do
-            from .report import WIDTH, wrap
-
-            out = [(t, "\n".join(line if len(line) <= WIDTH else wrap(line) for line in text.splitlines()))
-                   for t, text in out]
         return [(self.shown(title), self.shown(text)) for title, text in out]
 
     def shown(self, text: str) -> str:

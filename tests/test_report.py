@@ -88,3 +88,22 @@ def test_asking_for_plots_without_matplotlib_stops_at_once_and_says_how_to_get_i
     assert res.ret == pytest.ExitCode.USAGE_ERROR
     res.stderr.fnmatch_lines(["*--bench-plots: plots need matplotlib, an optional extra: pip install -e*"])
     assert '".[plots]"' in res.stderr.str()
+
+
+def test_the_resource_summary_states_what_was_measured_and_what_was_not():
+    from dataclasses import replace
+
+    from bench_core import Scenario
+    from bench_core.records import Memory
+    from bench_core.report import resource_table
+
+    (copy,) = runs([4.0], name="h2d", spread=0.0)
+    copy = replace(copy, scenario=Scenario("h2d", ("transfer",), {"shapes": {"bytes": 64_000_000}}), items=None,
+                   memory=Memory(peak_allocated_bytes=3 * 2 ** 30, window_peak_bytes=2 ** 20))
+    (step,) = runs([10.0], name="train", spread=0.0)
+    step = replace(step, items=32)
+    text = resource_table([copy, step], {"gpu_name": "NVIDIA H200"}, {"train": 0.25})
+    flat = " ".join(text.split())
+    assert "h2d 3.0 GiB 1.0 MiB - 16.00 GB/s n/o" in flat                 # 64 MB in 4 ms
+    assert "train n/o n/o 3,200/s n/o 25%" in flat                          # not observed, never zero
+    assert "measured on this machine (NVIDIA H200)" in flat and "rented server" in flat
