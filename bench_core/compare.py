@@ -230,12 +230,19 @@ def estimate(
                           reason=f"too few samples ({len(b_pool)} vs {len(c_pool)}) to ever reach p < {config.alpha}",
                           **common)
 
+    # Different counted work is a different program: maybe the point of the change, maybe a bug; said, not judged
+    counts = {side: {m.work["flops"] for m in runs if m.work is not None}
+              for side, runs in (("baseline", baseline), ("current", candidate))}
+    if counts["baseline"] and counts["current"] and counts["baseline"] != counts["current"]:
+        common["notes"] = common.get("notes", ()) + (
+            f"counted FLOPs differ: baseline {sorted(counts['baseline'])} -> current {sorted(counts['current'])} "
+            f"per step: the two do different work",)
     # A throttled GPU looks exactly like slower code: the comparison says so beside its verdict
     hot = [f"{side} run {i}: {flag}" for side, runs in (("baseline", baseline), ("current", candidate))
            for i, m in enumerate(runs) for flag in throttled(m.telemetry)]
     if hot:
-        common["notes"] = (f"the GPU was throttled during a timed window ({'; '.join(hot)}): a change may be the "
-                           f"GPU's, not the code's",)
+        common["notes"] = common.get("notes", ()) + (
+            f"the GPU was throttled during a timed window ({'; '.join(hot)}): a change may be the GPU's, not the code's",)
     if prior is None:  # the fixed fallback also carries the runs' own within-run error
         within = np.mean([median_log_se(x.primary_ms) ** 2 for x in (*baseline, *candidate)])
         prior = VariancePrior(math.log1p(config.run_noise) ** 2 + within, config.prior_runs,

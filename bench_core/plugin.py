@@ -41,6 +41,8 @@ OPT_STRICT = "--bench-strict"
 OPT_MD = "--bench-md"
 OPT_WIDE = "--bench-wide"
 OPT_PLOTS = "--bench-plots"
+OPT_FLOPS = "--bench-flops"
+OPT_PEAK = "--bench-peak-tflops"
 OPT_AGAINST = "--bench-against"
 OPT_ROUNDS = "--bench-rounds"
 OPT_PAIRS = "--bench-pairs"
@@ -84,6 +86,12 @@ def pytest_addoption(parser):
     g.addoption(OPT_PLOTS, metavar="DIR", default=None,
                 help="write a distribution plot per scenario (this run, baseline runs, A and B) to DIR "
                      "(needs matplotlib: pip install -e \".[plots]\")")
+    g.addoption(OPT_FLOPS, action="store_true",
+                help="count each step's FLOPs once after its window (torch's FLOP counter) and report achieved "
+                     "FLOP/s and the share of the peak")
+    g.addoption(OPT_PEAK, type=float, default=None, metavar="TFLOPS",
+                help="the device's peak for utilization (default: a known GPU's for the dtype, or on the CPU a "
+                     "matmul peak measured once)")
     g.addoption(OPT_STRICT, action="store_true",
                 help="with a comparison: inconclusive and incomparable fail their test items too")
     g.addoption(OPT_TIMEOUT, type=float, default=600.0,
@@ -168,6 +176,7 @@ def pytest_configure(config):
             markdown=Path(config.getoption(OPT_MD)) if config.getoption(OPT_MD) else None,
             wide=config.getoption(OPT_WIDE),
             plots=root / config.getoption(OPT_PLOTS) if config.getoption(OPT_PLOTS) else None,
+            count_flops=config.getoption(OPT_FLOPS), peak_tflops=config.getoption(OPT_PEAK),
         )
         if scfg.plots is not None:  # found now, not after minutes of measuring
             from bench_core.plots import NEEDS, available

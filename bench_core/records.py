@@ -89,6 +89,8 @@ class Measurement:
     environment: Mapping[str, Any] = field(default_factory=dict)
     # the GPU's own state around the window (`telemetry.window_record`); None: not observed
     telemetry: Mapping[str, Any] | None = None
+    # the step's counted work (`flops.WorkCount.to_dict`), counted once after the window; None: not counted
+    work: Mapping[str, Any] | None = None
 
     def __post_init__(self):
         name = self.scenario.name if isinstance(self.scenario, Scenario) else "?"
@@ -97,6 +99,11 @@ class Measurement:
                 raise InvalidRecord(f"scenario {name!r}: telemetry must hold before, after and flags")
             object.__setattr__(self, "telemetry", MappingProxyType(
                 {**self.telemetry, "flags": tuple(self.telemetry["flags"])}))
+        if self.work is not None:
+            flops = self.work.get("flops") if isinstance(self.work, Mapping) else None
+            if isinstance(flops, bool) or not isinstance(flops, int) or flops < 0:
+                raise InvalidRecord(f"scenario {name!r}: work must hold a non-negative integer count of flops")
+            object.__setattr__(self, "work", MappingProxyType(dict(self.work)))
         if not isinstance(self.scenario, Scenario):
             raise InvalidRecord("measurement needs a Scenario record")
         if self.device not in DEVICES:
@@ -162,6 +169,14 @@ class Measurement:
             return None
         med = self.summary.median
         return self.items / (med / 1e3) if med > 0 else None
+
+    @property
+    def flops_per_s(self) -> float | None:
+        """Achieved FLOP/s at the median of the primary figure; None when not counted or at 0 ms."""
+        if self.work is None:
+            return None
+        med = self.summary.median
+        return self.work["flops"] / (med / 1e3) if med > 0 else None
 
     def pooled_with(self, *others: "Measurement") -> "Measurement":
         """One measurement holding this one's samples and the others' (same scenario, device, mode)."""

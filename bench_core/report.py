@@ -123,6 +123,43 @@ def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, st
     return out
 
 
+def _flops(v: float | None, per_s: bool = False) -> str:
+    if v is None:
+        return NOT_OBSERVED
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if v >= scale:
+            return f"{v / scale:.3g} {unit}FLOP{'/s' if per_s else ''}"
+    return f"{v:.0f} FLOP{'/s' if per_s else ''}"
+
+
+def work_table(results: Sequence[Measurement], peak_of, wide: bool = False) -> str:
+    """Counted FLOPs per step, achieved FLOP/s at the median, the share of the peak (`peak_of(m)`, FLOP/s or
+    None), the leading operator, and what was not counted."""
+    rows, notes = [], []
+    for m in results:
+        if m.work is None:
+            rows.append([m.name, "not counted", "-", "-", "-"])
+            continue
+        ops = m.work.get("by_operator") or {}
+        lead = max(ops.items(), key=lambda kv: kv[1]) if ops else None
+        if m.work["flops"] == 0:   # nothing with a formula ran: none counted, which is not zero work
+            rows.append([m.name, "none counted", "-", "-", "-"])
+        else:
+            rate, peak = m.flops_per_s, peak_of(m)
+            share = "-" if rate is None or not peak else f"{rate / peak:.1%} of {_flops(peak, per_s=True)}"
+            rows.append([m.name, _flops(m.work["flops"]), _flops(rate, per_s=True), share,
+                         "-" if lead is None else f"{lead[0]} {lead[1] / m.work['flops']:.0%}"])
+        missing = m.work.get("not_counted") or {}
+        if missing:
+            notes.append(f"{m.name}: not counted (no FLOP formula in torch): "
+                         + ", ".join(f"{op} x{n}" for op, n in list(missing.items())[:8])
+                         + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    body = fit(["scenario", "FLOPs per step", "achieved", "of peak", "largest counted"], rows, wide=wide)
+    foot = ["counted once after the timed window with torch's FLOP counter (matmuls, convolutions, attention); "
+            "elementwise work has no formula and is listed as not counted, never as zero"] + notes
+    return body + "".join(f"\n{line if wide else wrap(line)}" for line in foot)
+
+
 RESOURCE_HEADERS = ["scenario", "peak device mem", "window mem", "throughput", "host-to-device", "waiting for data"]
 
 

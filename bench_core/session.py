@@ -60,6 +60,8 @@ class SessionConfig:
     markdown: Path | None = None       # a Markdown report appended here (e.g. $GITHUB_STEP_SUMMARY)
     wide: bool = False                 # tables with every column and unwrapped notes, however wide
     plots: Path | None = None          # a distribution plot per scenario written here (matplotlib, optional)
+    count_flops: bool = False          # count each step's FLOPs once, after its window (torch's FLOP counter)
+    peak_tflops: float | None = None   # the device's peak for utilization (else a known GPU's, or the CPU's measured)
     timeout_s: float | None = 600.0    # per scenario, everything included; None or 0: no limit
     compare: str | None = None
     pb_json: Path | None = None
@@ -152,12 +154,41 @@ class BenchSession:
         first = self.measure(scenario, fn, **kwargs)
         counts = self.counts(kwargs.get("warmup"), kwargs.get("repeats"))
         m, c = self.gate(first, None if replicate is None else lambda: replicate(*counts))
+        if self.config.count_flops:  # after every timed window, profiler-free: one more step, counted
+            m = self.count_work(m, fn, kwargs.get("setup"))
         self.results.append(m)
         if self.config.profile is not None:  # after the measurement, never inside it
             from .diagnose import profile
 
             self.profiles.append(profile(scenario.name, fn, self.config.profile, setup=kwargs.get("setup")))
         return m, c
+
+    def count_work(self, m: Measurement, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> Measurement:
+        """The result with its counted work; on the CPU the machine's matmul peak is measured once, for the
+        utilization figure, and kept in the environment."""
+        from .flops import count, cpu_peak
+
+        try:
+            work = count(fn, setup)
+        except Exception as exc:  # noqa: BLE001 - a step the counter cannot run is not counted, and says why
+            self.errors.append((m.name, f"FLOPs not counted: {type(exc).__name__}: {exc}"))
+            return m
+        if self.config.device == "cpu" and "cpu_peak_flops" not in self.environment:
+            self.environment["cpu_peak_flops"] = cpu_peak()
+        return replace(m, work=work.to_dict())
+
+    def peak_flops(self, m: Measurement) -> float | None:
+        """The peak FLOP/s that utilization is a share of: the user's, a known GPU's for the scenario's dtype,
+        or on the CPU (float32) the matmul peak measured here."""
+        from .flops import known_peak
+
+        if self.config.peak_tflops is not None:
+            return self.config.peak_tflops * 1e12
+        dtype = m.scenario.metadata.get("dtype")
+        if m.device == "cuda":
+            t = known_peak(self.environment.get("gpu_name"), dtype)
+            return None if t is None else t * 1e12
+        return self.environment.get("cpu_peak_flops") if dtype in (None, "float32") else None
 
     # -- side by side with another revision -------------------------------------------------------
     def open_revision(self, root: Path) -> None:
@@ -380,13 +411,16 @@ class BenchSession:
     # -- reporting -------------------------------------------------------------------------------
     def summary_sections(self) -> list[tuple[str, str]]:
         """The end-of-session report as (title, text) sections, in reading order."""
-        from .report import comparison_table, decisions_table, resource_table, session_table, wrap
+        from .report import comparison_table, decisions_table, resource_table, session_table, work_table, wrap
         from .trace_analysis import hypotheses_table
 
         if not self.results and not self.errors and not self.decisions:
             return []
         wide = self.config.wide
         out = [("bench_core results", session_table(self.results, self.errors, wide=wide))]
+        if any(m.work is not None for m in self.results):
+            out.append(("bench_core work and utilization (counted FLOPs)",
+                        work_table(self.results, self.peak_flops, wide=wide)))
         if self.results:
             wait = {p.scenario: p.facts.stage_us["batch_read"] / p.facts.step_us for p in self.profiles
                     if p.facts.step_us and "batch_read" in p.facts.stage_us}

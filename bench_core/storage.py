@@ -24,8 +24,9 @@ JSON files (session results, baselines and A/B decision records share the versio
     `more_runs`; a gated session file has `replicas`: per scenario, the measurements (raw samples) of the
     fresh processes the gate started, never read back as results. A result may carry `telemetry`: the GPU's
     clocks, clock event (throttle) reasons, temperature, power and other processes just before and after
-    its window, from NVML, and the `flags` they raise (absent: not observed). Versions 1 and 2 are read as
-    before.
+    its window, from NVML, and the `flags` they raise (absent: not observed); and `work`: its counted
+    FLOPs in all, per operator and per module, and the operators without a FLOP formula with their calls
+    (absent: not counted). Versions 1 and 2 are read as before.
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
@@ -174,6 +175,8 @@ def measurement_doc(m: Measurement, with_environment: bool = False) -> dict:
     }
     if m.telemetry is not None:
         d["telemetry"] = {**thaw(m.telemetry), "flags": list(m.telemetry["flags"])}
+    if m.work is not None:
+        d["work"] = thaw(m.work)
     if with_environment:
         d["environment"] = thaw(m.environment)
     return d
@@ -195,6 +198,7 @@ def measurement_from_doc(d: Mapping[str, Any], environment: Mapping[str, Any] | 
         memory=Memory(**(d.get("memory") or {})),
         environment=environment if environment is not None else d.get("environment") or {},
         telemetry=d.get("telemetry"),
+        work=d.get("work"),
     )
 
 

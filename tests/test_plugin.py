@@ -472,3 +472,20 @@ def test_long_scenarios_say_how_far_they_are_in_pytests_output(bt, monkeypatch):
                               "*bench_core: beta: samples 4/4*"])
     quiet = bt.runpytest("--bench-repeats", "4", "--bench-warmup", "1", "-qq", "--bench-no-out")
     assert "bench_core: alpha: samples" not in quiet.stdout.str()
+
+
+def test_flops_are_counted_after_the_window_and_reported_with_utilization(bt):
+    bt.makepyfile(test_f='''
+import torch
+from bench_core import Scenario
+
+def test_mm(bench):
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    m = bench.run(Scenario("mm64", ("forward",), {"dtype": "float32"}), lambda: a @ b)
+    assert m.work["flops"] == 2 * 64 ** 3
+''')
+    res = bt.runpytest("--bench-flops", "--bench-repeats", "5", "--bench-peak-tflops", "1")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["*bench_core work and utilization (counted FLOPs)*", "mm64*524 kFLOP*of 1 TFLOP/s*"])
+    doc = json.loads(next((bt.path / ".bench" / "results").glob("session-*.json")).read_text())
+    assert doc["results"][0]["work"]["flops"] == 2 * 64 ** 3 and len(doc["results"][0]["host_ms"]) == 5

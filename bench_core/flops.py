@@ -1,0 +1,100 @@
+"""How much work a step does, counted (not timed): floating-point operations per operator and per module, with
+torch's FLOP counter (`torch.utils.flop_counter.FlopCounterMode`), and the operators it has no formula for,
+named as not counted (never as zero). Counting runs the step once more, after its measurement, outside every
+timed window and profiler-free.
+
+With a time, a count gives the achieved FLOP/s; with a peak, the share of it the step reached. Peaks come from
+`PEAKS` (dense, no sparsity; per GPU model and dtype, with the source), from the user, or on the CPU from one
+large matmul timed here (`cpu_peak`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+# Dense peak TFLOP/s from the vendors' data sheets (no structured sparsity).
+# Source: NVIDIA H100 and H200 Tensor Core GPU data sheets (SXM); NVIDIA A100 data sheet (SXM).
+PEAKS = {
+    ("H100", "bfloat16"): 989.0, ("H100", "float16"): 989.0, ("H100", "float32"): 67.0, ("H100", "tf32"): 494.5,
+    ("H200", "bfloat16"): 989.0, ("H200", "float16"): 989.0, ("H200", "float32"): 67.0, ("H200", "tf32"): 494.5,
+    ("A100", "bfloat16"): 312.0, ("A100", "float16"): 312.0, ("A100", "float32"): 19.5, ("A100", "tf32"): 156.0,
+}
+PEAK_SOURCE = "NVIDIA data sheets, dense (SXM parts)"
+
+
+@dataclass(frozen=True)
+class WorkCount:
+    flops: int                                   # counted operators only; see `not_counted`
+    by_operator: Mapping[str, int] = field(default_factory=dict)
+    by_module: Mapping[str, int] = field(default_factory=dict)
+    not_counted: Mapping[str, int] = field(default_factory=dict)   # operator -> calls, no FLOP formula in torch
+
+    def to_dict(self) -> dict:
+        return {"flops": self.flops, "by_operator": dict(self.by_operator), "by_module": dict(self.by_module),
+                "not_counted": dict(self.not_counted)}
+
+
+def count(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> WorkCount:
+    """One call of `fn` (after `setup`) under torch's FLOP counter and a recorder of every operator it runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+    counted = {str(op) for op in flop_registry}
+    calls: dict[str, int] = {}
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket)
+            calls[name] = calls.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    if setup is not None:
+        setup()
+    counter = FlopCounterMode(display=False)
+    with counter, Recorder():
+        fn()
+    by_module = {str(k): int(sum(v.values())) for k, v in counter.get_flop_counts().items() if k != "Global"}
+    by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    # operators that do arithmetic but have no formula; views, copies and allocations are not work to count
+    skip = ("aten.view", "aten._unsafe_view", "aten.t", "aten.transpose", "aten.expand", "aten.detach",
+            "aten.empty", "aten.zeros", "aten.ones", "aten.full", "aten.copy_", "aten._to_copy", "aten.clone",
+            "aten.reshape", "aten.permute", "aten.unsqueeze", "aten.squeeze", "aten.as_strided", "aten.slice",
+            "aten.select", "aten.alias", "aten.lift_fresh", "aten.new_empty", "aten.new_zeros", "aten.ones_like",
+            "aten.zeros_like", "aten.empty_like", "aten.is_same_size", "aten.split", "aten.unbind", "aten.cat",
+            "aten.stack", "aten.fill_", "aten.zero_", "aten.randn", "aten.rand", "aten.normal_", "aten.uniform_",
+            "aten.full_like", "aten.to", "aten._local_scalar_dense", "aten.contiguous", "aten.flatten",
+            # composites: their work reaches the counter as the matmuls and convolutions they call
+            "aten.linear", "aten.matmul", "aten.einsum", "aten.conv1d", "aten.conv2d", "aten.conv3d")
+    not_counted = {op: n for op, n in sorted(calls.items())
+                   if op not in counted and op not in skip and not op.startswith("profiler.")}
+    return WorkCount(int(counter.get_total_flops()), by_op, by_module, not_counted)
+
+
+def achieved(flops: int, median_ms: float) -> float | None:
+    """FLOP/s at the median time; None at 0 ms."""
+    return flops / (median_ms / 1e3) if median_ms > 0 else None
+
+
+def known_peak(gpu_name: str | None, dtype: str | None) -> float | None:
+    """Dense peak TFLOP/s of a known GPU model for a dtype, or None."""
+    if not gpu_name or not dtype:
+        return None
+    for (model, dt), tflops in PEAKS.items():
+        if model in gpu_name and dt == dtype:
+            return tflops
+    return None
+
+
+def cpu_peak(size: int = 1024, repeats: int = 5, clock: Callable[[], float] = time.perf_counter) -> float:
+    """FLOP/s of the best of a few float32 matmuls of size x size on the CPU: the machine's practical peak."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)   # the first call pays for allocation and thread start-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = clock()
+        torch.mm(a, b)
+        best = min(best, clock() - start)
+    return 2.0 * size ** 3 / best if best > 0 else float("nan")

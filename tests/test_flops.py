@@ -1,0 +1,70 @@
+"""Counted work: FLOPs equal to the hand-computed formulas, "not counted" named, utilization from a fake clock."""
+import pytest
+import torch
+
+from bench_core import Scenario, measure
+from bench_core.compare import compare_runs
+from bench_core.flops import count, cpu_peak, known_peak
+from bench_core.report import work_table
+from fakes import FakeClock, work
+from helpers import runs
+
+
+def test_a_matmul_and_a_conv_count_what_the_formulas_say():
+    a, b = torch.randn(32, 48), torch.randn(48, 16)
+    assert count(lambda: a @ b).flops == 2 * 32 * 48 * 16
+    conv = torch.nn.Conv2d(3, 8, kernel_size=3, padding=1)
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        w = count(lambda: conv(x))
+    # 2 * N * C_out * H_out * W_out * C_in * kh * kw
+    assert w.flops == 2 * 2 * 8 * 10 * 10 * 3 * 3 * 3 and w.by_module == {"Conv2d": w.flops}
+
+
+def test_an_mlp_training_step_counts_forward_and_backward_and_names_what_has_no_formula():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 64)
+
+    def step():
+        opt.zero_grad()
+        model(x).logsumexp(1).mean().backward()
+        opt.step()
+    w = count(step)
+    fwd = 2 * 8 * 64 * 32 + 2 * 8 * 32 * 10
+    bwd = 2 * (2 * 8 * 32 * 10) + 2 * 8 * 64 * 32   # layer 2: weight and input grads; layer 1: weight grad only
+    assert w.flops == fwd + bwd and w.by_operator == {"aten.addmm": fwd, "aten.mm": bwd}
+    assert {"aten.relu", "aten.threshold_backward", "aten.logsumexp"} <= set(w.not_counted)   # named, not zero
+    assert "aten.linear" not in w.not_counted          # a composite: its matmul is what got counted
+
+
+def test_achieved_rate_and_utilization_from_a_fake_clock_and_a_given_peak():
+    clock = FakeClock()
+    m = measure(work(clock, 1.0, 2.0), scenario=Scenario("k", ("forward",)), warmup=0, repeats=3, clock=clock)
+    from dataclasses import replace
+
+    m = replace(m, work={"flops": 4_000_000_000, "by_operator": {"aten.mm": 4_000_000_000}, "by_module": {},
+                         "not_counted": {"aten.relu": 1}})
+    assert m.flops_per_s == pytest.approx(2e12)                 # 4 GFLOP in 2 ms
+    text = " ".join(work_table([m], lambda _: 4e12).split())
+    assert "k 4 GFLOP 2 TFLOP/s 50.0% of 4 TFLOP/s aten.mm 100%" in text
+    assert "k: not counted (no FLOP formula in torch): aten.relu x1" in text
+    none = replace(m, work={"flops": 0, "not_counted": {"aten.add": 20}})
+    assert "k none counted" in " ".join(work_table([none], lambda _: 4e12).split())   # never "0 FLOP/s"
+
+
+def test_known_peaks_and_the_cpus_measured_one():
+    assert known_peak("NVIDIA H100 80GB HBM3", "bfloat16") == 989.0 and known_peak("Some GPU", "bfloat16") is None
+    ticks = iter([0.0, 0.5] * 5)
+    assert cpu_peak(size=64, repeats=5, clock=lambda: next(ticks)) == pytest.approx(2 * 64 ** 3 / 0.5)
+
+
+def test_a_candidate_doing_different_work_is_flagged_beside_its_verdict():
+    from dataclasses import replace
+
+    base = [replace(m, work={"flops": 1000}) for m in runs([10, 10.1, 9.9])]
+    cand = [replace(m, work={"flops": 1500}) for m in runs([10, 10.05, 9.95], seed=3)]
+    c = compare_runs("s", base, cand)
+    assert any("counted FLOPs differ: baseline [1000] -> current [1500]" in n for n in c.notes)
+    assert not compare_runs("s", base, [replace(m, work={"flops": 1000}) for m in cand]).notes
