@@ -52,6 +52,7 @@ class ProfileConfig:
     record_shapes: bool = False      # each option adds cost and changes what is measured: off by default
     profile_memory: bool = False
     with_stack: bool = False
+    with_flops: bool = False         # the profiler's own FLOP estimates (matmuls, 2D convolutions)
     tensorboard: bool = False
     refuse_sensitive: bool = False   # refuse to write a trace that needed redaction, instead of redacting
 
@@ -82,7 +83,8 @@ def operator_table(averages, kind: str, found, rows: int = 15) -> str:
     cut in half no longer looks like one, and would be shown. Names are redacted, then shortened."""
     from tabulate import tabulate
 
-    key = {"cuda": "self_device_time_total", "memory": "self_cpu_memory_usage"}.get(kind, "self_cpu_time_total")
+    key = {"cuda": "self_device_time_total", "memory": "self_cpu_memory_usage",
+           "flops": "flops"}.get(kind, "self_cpu_time_total")
     total_cpu = sum(getattr(a, "self_cpu_time_total", 0.0) for a in averages) or 1.0
     out = []
     for a in sorted(averages, key=lambda a: getattr(a, key, 0) or 0, reverse=True)[:rows]:
@@ -94,9 +96,16 @@ def operator_table(averages, kind: str, found, rows: int = 15) -> str:
             row += [f"{a.self_device_time_total:.1f}", f"{a.device_time_total:.1f}"]
         if kind == "memory":
             row += [f"{a.self_cpu_memory_usage / 1024:.1f}"]
+        if kind == "flops":   # the profiler's estimate, over every profiled call; "-" where it has none
+            flops = getattr(a, "flops", 0) or 0
+            row += [f"{flops / 1e6:.3g}" if flops else "-",
+                    f"{flops / (a.cpu_time_total * 1e3):.3g}" if flops and a.cpu_time_total else "-"]
         out.append(row)
+    if kind == "flops":
+        out = [r for r in out if r[-2] != "-"] or [["(no operator with a FLOP estimate)", "", "", "", "", "", ""]]
     headers = ["operator", "self CPU %", "self CPU us", "CPU total us", "calls"]
-    headers += {"cuda": ["self device us", "device total us"], "memory": ["self CPU KiB"]}.get(kind, [])
+    headers += {"cuda": ["self device us", "device total us"], "memory": ["self CPU KiB"],
+                "flops": ["MFLOP (estimate)", "GFLOP/s of CPU total"]}.get(kind, [])
     return (tabulate(out, headers=headers, disable_numparse=True) +
             f"\nSelf CPU time total: {total_cpu / 1000:.3f} ms")
 
@@ -113,8 +122,8 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
     _ACTIVE["on"] = True
     try:
         with tprofile(activities=acts, schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active),
-                      record_shapes=cfg.record_shapes, profile_memory=cfg.profile_memory,
-                      with_stack=cfg.with_stack) as prof:
+                      record_shapes=cfg.record_shapes or cfg.with_flops, profile_memory=cfg.profile_memory,
+                      with_stack=cfg.with_stack, with_flops=cfg.with_flops) as prof:
             for _ in range(steps):
                 if setup is not None:
                     setup()
@@ -136,6 +145,8 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
     table = operator_table(averages, cfg.device, found)
     if cfg.profile_memory:
         table += "\n" + operator_table(averages, "memory", found)
+    if cfg.with_flops:
+        table += "\n" + operator_table(averages, "flops", found)
     shown = tuple(Hypothesis(**d) for d in redact([r.to_dict() for r in rows], found)[0])
     facts = replace(facts, stage_us={redact(k, found)[0]: v for k, v in facts.stage_us.items()},
                     notes=tuple(redact(list(facts.notes), found)[0]))

@@ -34,6 +34,7 @@ OPT_REFS = "--bench-references"
 OPT_PROFILE_SHAPES = "--bench-profile-shapes"
 OPT_PROFILE_MEMORY = "--bench-profile-memory"
 OPT_PROFILE_STACK = "--bench-profile-stack"
+OPT_PROFILE_FLOPS = "--bench-profile-flops"
 OPT_PROFILE_TB = "--bench-profile-tensorboard"
 OPT_PROFILE_REFUSE = "--bench-profile-refuse-sensitive"
 OPT_TIMEOUT = "--bench-timeout"
@@ -109,6 +110,8 @@ def pytest_addoption(parser):
     g.addoption(OPT_PROFILE_SHAPES, action="store_true", help="diagnose: record input shapes (adds cost)")
     g.addoption(OPT_PROFILE_MEMORY, action="store_true", help="diagnose: profile memory, and show memory by op")
     g.addoption(OPT_PROFILE_STACK, action="store_true", help="diagnose: record Python stacks (adds cost)")
+    g.addoption(OPT_PROFILE_FLOPS, action="store_true",
+                help="diagnose: the profiler's FLOP estimates (matmuls, 2D convolutions), a FLOPs-sorted table")
     g.addoption(OPT_PROFILE_TB, action="store_true", help="diagnose: also write for the TensorBoard profiler plugin")
     g.addoption(OPT_PROFILE_REFUSE, action="store_true",
                 help="diagnose: refuse to write a trace holding sensitive strings, instead of redacting them")
@@ -153,6 +156,7 @@ def pytest_configure(config):
                                  record_shapes=config.getoption(OPT_PROFILE_SHAPES),
                                  profile_memory=config.getoption(OPT_PROFILE_MEMORY),
                                  with_stack=config.getoption(OPT_PROFILE_STACK),
+                                 with_flops=config.getoption(OPT_PROFILE_FLOPS),
                                  tensorboard=config.getoption(OPT_PROFILE_TB),
                                  refuse_sensitive=config.getoption(OPT_PROFILE_REFUSE))
         against = None

@@ -288,3 +288,21 @@ def test_the_batch_copied_in_a_transfer_stage_is_not_a_re_created_constant():
                     correlation=2 * i + 1))
     (r,) = [r for r in analyze(ev)[1] if r.rule == "repeated_h2d"]
     assert "a 40-byte host-to-device copy" in r.observation   # the 4096-byte batch copy is not reported
+
+
+def test_the_profile_can_add_a_flops_sorted_table_of_the_profilers_estimates(pytester):
+    pytester.makepyfile(test_f='''
+import torch
+from bench_core import Scenario
+
+def test_f(bench):
+    a, b = torch.randn(128, 128), torch.randn(128, 128)
+    bench.run(Scenario("mm128", ("forward",)), lambda: (a @ b).relu())
+''')
+    res = pytester.runpytest_subprocess("--bench-profile", "prof", "--bench-repeats", "3", "--bench-profile-flops")
+    res.assert_outcomes(passed=1)
+    # 3 profiled calls of a 128^3 matmul: 3 x 2 x 128^3 = 12.6 MFLOP; relu has no estimate and is left out
+    res.stdout.fnmatch_lines(["*MFLOP (estimate)*", "aten::mm*12.6*"])
+    text = res.stdout.str()
+    flops_table = text[text.index("MFLOP (estimate)"):]
+    assert "aten::relu" not in flops_table.split("Self CPU time total")[0]
