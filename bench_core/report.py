@@ -258,7 +258,7 @@ def markdown(title: str, outcome: str | None, comparisons: Sequence[Comparison],
               tabulate(session_rows(results), headers=SESSION_HEADERS, tablefmt="github", disable_numparse=True),
               "", "</details>", ""]
     if decisions:
-        parts += ["<details><summary>A/B decisions</summary>", "", decisions_table(decisions, fmt="github"), "",
+        parts += ["<details><summary>A/B decisions</summary>", "", decisions_table(decisions, fmt="github", wide=True), "",
                   "</details>", ""]
     parts += [f"- {n}" for n in notes if n]
     text = "\n".join(parts) + "\n"

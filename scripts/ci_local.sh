@@ -12,7 +12,7 @@ case "$what" in
     base="${2:-HEAD~1}"
     step python -m pytest tests -q
     step python -m pytest benchmarks -q --bench-quick --bench-threads 1
-    step python -m pytest benchmarks -q --bench-quick --bench-threads 1 --bench-against "$base" --bench-md "$summary"
+    step python -m pytest benchmarks -q --bench-threads 1 --bench-against "$base" --bench-md "$summary"
     ;;
   gpu)
     baselines="$(mktemp -d -t bench-baselines-XXXXXX)"
