@@ -59,7 +59,9 @@ def pytest_addoption(parser):
     g.addoption(OPT_WARMUP, type=int, default=None, help="untimed warmup calls per scenario (overrides scenarios)")
     g.addoption(OPT_REPEATS, type=int, default=None, help="timed samples per scenario (overrides scenarios)")
     g.addoption(OPT_QUICK, action="store_true", help="smoke run: smallest sizes, 1 warmup, 5 samples")
-    g.addoption(OPT_THREADS, type=int, default=None, help="torch CPU threads (recorded either way)")
+    g.addoption(OPT_THREADS, default=None, metavar="N|auto",
+                help="torch CPU threads; on the CPU the default is 1 (on a loaded runner more threads split the "
+                     "samples into clusters); 'auto' keeps torch's own default; recorded in every result")
     g.addoption(OPT_OUT, default=".bench/results", help="folder for the session's JSON results (never overwritten)")
     g.addoption(OPT_NO_OUT, action="store_true", help="write no session JSON")
     g.addoption(OPT_SAVE, metavar="NAME", default=None, help="store this session as baseline NAME")
@@ -169,7 +171,7 @@ def pytest_configure(config):
                                  f"(the interval comes from the spread between rounds)")
         scfg = SessionConfig(
             device=device, warmup=config.getoption(OPT_WARMUP), repeats=config.getoption(OPT_REPEATS),
-            quick=config.getoption(OPT_QUICK), threads=config.getoption(OPT_THREADS),
+            quick=config.getoption(OPT_QUICK), threads=_threads(config.getoption(OPT_THREADS), device),
             results_dir=None if config.getoption(OPT_NO_OUT) else root / config.getoption(OPT_OUT),
             baselines_dir=root / config.getoption(OPT_BASELINES), save=config.getoption(OPT_SAVE),
             append=config.getoption(OPT_APPEND), save_incomplete=config.getoption(OPT_SAVE_INCOMPLETE),
@@ -197,6 +199,21 @@ def pytest_configure(config):
         config.stash[_KEY] = session
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
+
+
+CPU_DEFAULT_THREADS = 1
+
+
+def _threads(value, device: str) -> int | None:
+    """--bench-threads: a count, 'auto' (torch's default), or unset: one thread on the CPU, where torch's default
+    on a loaded shared runner split samples into two clusters 30x apart; torch's default on a GPU run."""
+    if value is None:
+        return CPU_DEFAULT_THREADS if device == "cpu" else None
+    if str(value).lower() == "auto":
+        return None
+    if not str(value).isdigit() or int(value) < 1:
+        raise ValueError(f"{OPT_THREADS} takes a positive count or 'auto', got {value!r}")
+    return int(value)
 
 
 def _progress_line(config, line: str) -> None:

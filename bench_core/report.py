@@ -14,7 +14,7 @@ from tabulate import tabulate
 
 from .compare import Comparison
 from .records import Measurement
-from .stats import summarize
+from .stats import clusters, summarize
 
 NOT_OBSERVED = "n/o"  # not observed is not zero
 WIDTH = 120           # terminals, CI logs and pull-request comments wrap beyond this
@@ -87,8 +87,26 @@ def _rate(v: float | None) -> str:
     return f"{v:,.0f}/s" if v >= 100 else f"{v:.2f}/s"
 
 
-SESSION_HEADERS = ["scenario", "device", "timer", "mode", "cold start ms", "median ms", "IQR ms",
+SESSION_HEADERS = ["scenario", "device", "threads", "timer", "mode", "cold start ms", "median ms", "IQR ms",
                    "min ms", "max ms", "n", "throughput", "window mem"]
+
+
+NOISY_CV = 0.25   # samples spread more than this (coefficient of variation) are too noisy to read at a glance
+
+
+def sample_shape(samples: Sequence[float]) -> str | None:
+    """A warning, in words with the likely cause, when samples fall into separate clusters or spread widely."""
+    split = clusters(samples)
+    if split is not None:
+        (lo, n_lo), (hi, n_hi) = split
+        return (f"samples fall into two clusters, {n_lo} around {_ms(lo)} ms and {n_hi} around {_ms(hi)} ms "
+                f"({hi / lo:.1f}x): likely another process competing for the CPU or GPU, or more threads than free "
+                f"cores (--bench-threads 1); the median is one cluster's, not the code's")
+    s = summarize(samples)
+    if s.n >= 5 and s.cv is not None and s.cv > NOISY_CV:
+        return (f"samples vary widely (CV {s.cv:.0%}, min {_ms(s.min)} ms, max {_ms(s.max)} ms): likely a busy "
+                f"machine, frequency scaling or a cold cache; more repeats or a quieter runner")
+    return None
 
 
 def session_rows(results: Sequence[Measurement]) -> list[list[str]]:
@@ -100,11 +118,14 @@ def session_rows(results: Sequence[Measurement]) -> list[list[str]]:
         if m.cold_start.load_ms is not None:
             cold_txt += f" (+load {_ms(m.cold_start.load_ms)})"
         mode = m.mode if m.mode == "per_call" else f"block x{m.block_size}"
-        rows.append([m.name, m.device, m.timer, mode, cold_txt, _ms(s.median), _ms(s.iqr), _ms(s.min),
-                     _ms(s.max), s.n, _rate(m.throughput), _bytes(m.memory.window_peak_bytes)])
+        shape = sample_shape(m.primary_ms)
+        name = m.name + (" (!)" if shape else "")   # the warning is on the row; its words are under the table
+        rows.append([name, m.device, "-" if m.threads is None else m.threads, m.timer, mode, cold_txt, _ms(s.median),
+                     _ms(s.iqr), _ms(s.min), _ms(s.max), s.n, _rate(m.throughput), _bytes(m.memory.window_peak_bytes)])
         if m.gpu_ms is not None:  # the end-to-end figure, on its own row: never mixed with GPU time
             h = m.host_summary
-            rows.append(["  (end-to-end)", m.device, "host+sync", mode, _ms(m.cold_start.first_call_ms),
+            rows.append(["  (end-to-end)", m.device, "-" if m.threads is None else m.threads, "host+sync", mode,
+                         _ms(m.cold_start.first_call_ms),
                          _ms(h.median), _ms(h.iqr), _ms(h.min), _ms(h.max), h.n, "", ""])
     return rows
 
@@ -112,8 +133,11 @@ def session_rows(results: Sequence[Measurement]) -> list[list[str]]:
 def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, str]] = (), fmt: str = "simple",
                   wide: bool = False) -> str:
     out = fit(SESSION_HEADERS, session_rows(results), wide=wide, fmt=fmt,
-              foldable=("device", "timer", "mode", "n", "throughput", "window mem"),
+              foldable=("device", "threads", "timer", "mode", "n", "throughput", "window mem"),
               droppable=("IQR ms", "window mem", "throughput", "min ms"))
+    shape_notes = [f"{m.name} (!): {sample_shape(m.primary_ms)}" for m in results if sample_shape(m.primary_ms)]
+    for line in shape_notes:
+        out += "\n" + (line if wide else wrap(line))
     gpu_notes = [f"{m.name}: the GPU during its window: {'; '.join(m.telemetry['flags'])}"
                  for m in results if m.telemetry is not None and m.telemetry["flags"]]
     for line in gpu_notes:

@@ -283,8 +283,7 @@ class BenchSession:
         thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
         est = estimate_rounds(scenario.name, res, thr, timer=m.timer, differences=diffs)
         (c,) = decide_family([est], replace(self.config.gate, threshold=thr), family_size=self.family_size,
-                             advice="more rounds would narrow it (--bench-rounds), or fix the thread count "
-                                    "(--bench-threads 1) on a shared machine")
+                             advice="more rounds would narrow it (--bench-rounds), or a quieter runner")
         c = replace(c, method=f"side by side with {rev}: {method}")
         self.comparisons.append(c)
         rounds = [r.to_dict() for r in (res if isinstance(res, list) else [res])]

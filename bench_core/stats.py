@@ -65,6 +65,29 @@ def summarize(samples: Sequence[float]) -> Summary:
     )
 
 
+def clusters(samples: Sequence[float], min_ratio: float = 1.5, min_share: float = 0.1
+             ) -> tuple[tuple[float, int], tuple[float, int]] | None:
+    """Two separate groups of samples, as ((median, count) low, (median, count) high), or None.
+
+    The largest gap between sorted log samples splits them; it counts as two clusters when the medians are
+    at least `min_ratio` apart, each side holds at least `min_share` of the samples, and the gap is wider
+    than the spread inside both sides (so a long tail is not called a cluster)."""
+    x = np.sort(np.asarray(samples, dtype=float))
+    if x.size < 10 or x[0] <= 0:
+        return None
+    logs = np.log(x)
+    gaps = np.diff(logs)
+    least = max(2, math.ceil(min_share * x.size))
+    candidates = range(least - 1, x.size - least)     # index i: split between i and i + 1
+    if not len(candidates):
+        return None
+    i = max(candidates, key=lambda j: gaps[j])
+    lo, hi = logs[: i + 1], logs[i + 1:]
+    if gaps[i] <= max(np.ptp(lo), np.ptp(hi)) or math.exp(np.median(hi) - np.median(lo)) < min_ratio:
+        return None
+    return (float(np.median(x[: i + 1])), i + 1), (float(np.median(x[i + 1:])), int(x.size - i - 1))
+
+
 def tukey_fences(q1: float, q3: float, k: float = 1.5) -> tuple[float, float]:
     iqr = q3 - q1
     return q1 - k * iqr, q3 + k * iqr

@@ -35,7 +35,7 @@ def test_session_table_json_and_per_test_properties(bt):
     res = bt.runpytest("--bench-repeats", "4", "--bench-warmup", "1", "--junitxml=out.xml")
     res.assert_outcomes(passed=2)
     res.stdout.fnmatch_lines(["*bench_core results*", "alpha*50.000*2.000*4,000/s*",
-                              "every row: device: cpu, timer: host, mode: per_call*n: 4, window mem: n/o",
+                              "every row: device: cpu, threads: 1, timer: host, mode: per_call*n: 4, window mem: n/o",
                               "*results written to*session-*.json"])
     files = list((bt.path / ".bench" / "results").glob("session-*.json"))
     assert len(files) == 1
@@ -135,7 +135,7 @@ def test_save_then_compare_fails_only_the_regressed_scenario(bt):
                               "*bench_core comparison with baseline 'main'*"])
     xml = (bt.path / "out.xml").read_text()
     assert "slower against baseline" in xml and 'name="bench_verdict" value="slower"' in xml
-    res.stdout.fnmatch_lines(["*Captured bench_core call*", "alpha*50.000*4.000*", "every row: device: cpu, timer: host*"])  # the test's own section
+    res.stdout.fnmatch_lines(["*Captured bench_core call*", "alpha*50.000*4.000*", "every row: device: cpu, threads: 1, timer: host*"])  # the test's own section
     # "slower" came from this process and two fresh worker processes that ran the test again
     doc = json.loads(max((bt.path / ".bench" / "results").glob("session-*.json")).read_text())
     alpha = next(c for c in doc["comparisons"] if c["name"] == "alpha")

@@ -17,7 +17,7 @@ def test_the_results_table_fits_120_columns_and_says_what_it_folded_or_left_out(
     assert _widest(wide) > WIDTH and "device" in wide.splitlines()[0]
     narrow = session_table(results)
     assert _widest(narrow) <= WIDTH
-    assert "every row: device: cpu, timer: host, mode: per_call" in narrow   # one value: said once, under it
+    assert "every row: device: cpu, threads: -, timer: host, mode: per_call" in narrow   # one value: said once, under it
     head = narrow.splitlines()[0]
     assert "median ms" in head and "max ms" in head                      # the figures stay in the table
     assert f"{results[2].summary.median:.3f}" in narrow
@@ -107,3 +107,34 @@ def test_the_resource_summary_states_what_was_measured_and_what_was_not():
     assert "h2d 3.0 GiB 1.0 MiB - 16.00 GB/s n/o" in flat                 # 64 MB in 4 ms
     assert "train n/o n/o 3,200/s n/o 25%" in flat                          # not observed, never zero
     assert "measured on this machine (NVIDIA H200)" in flat and "rented server" in flat
+
+
+def test_samples_in_two_clusters_or_widely_spread_get_a_warning_on_their_row_with_the_likely_cause():
+    import numpy as np
+
+    from bench_core.stats import clusters
+    from helpers import meas
+
+    rng = np.random.default_rng(0)
+    split = list(13 * (1 + 0.03 * rng.standard_normal(16))) + list(376 * (1 + 0.05 * rng.standard_normal(4)))
+    (lo, n_lo), (hi, n_hi) = clusters(split)
+    assert (n_lo, n_hi) == (16, 4) and 12 < lo < 14 and 350 < hi < 400
+    assert clusters(list(np.exp(rng.standard_normal(40)))) is None        # a long tail is not two clusters
+    assert clusters(list(10 * (1 + 0.02 * rng.standard_normal(30)))) is None
+    wide_spread = list(10 * np.exp(0.4 * rng.standard_normal(30)))
+    text = " ".join(session_table([meas(split, name="oversubscribed"), meas(wide_spread, name="busy"),
+                                   meas(list(10 * (1 + 0.01 * rng.standard_normal(20))), name="calm")]).split())
+    assert "oversubscribed (!)" in text and "busy (!)" in text and "calm (!)" not in text
+    assert "oversubscribed (!): samples fall into two clusters, 16 around" in text and "--bench-threads 1" in text
+    assert "busy (!): samples vary widely (CV" in text
+
+
+def test_the_cpu_default_is_one_thread_auto_keeps_torchs_and_nonsense_is_refused():
+    import pytest as _pytest
+
+    from bench_core.plugin import _threads
+
+    assert _threads(None, "cpu") == 1 and _threads(None, "cuda") is None
+    assert _threads("auto", "cpu") is None and _threads("4", "cpu") == 4
+    with _pytest.raises(ValueError, match="positive count or 'auto'"):
+        _threads("0", "cpu")
