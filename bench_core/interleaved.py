@@ -110,13 +110,14 @@ class PairedDecision:
 
 
 def paired_decision(base_ms, cand_ms, alpha: float = 0.01, min_effect: float = 0.01,
-                    confidence: float = 0.95, seed: int = 0) -> PairedDecision:
-    """Pure: the verdict from paired samples (same index = same pair)."""
+                    seed: int = 0) -> PairedDecision:
+    """Pure: the verdict from paired samples (same index = same pair). The interval is at 1 - alpha, the level
+    of the two-sided test the verdict is decided at, so the interval shown never contradicts the verdict."""
     if len(base_ms) != len(cand_ms) or len(base_ms) < 6:
         raise ValueError("paired decision needs equal-length samples, at least 6 pairs")
     if min(base_ms) <= 0 or min(cand_ms) <= 0:
         return PairedDecision(NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio")
-    est = paired_ratio(base_ms, cand_ms, confidence, seed)
+    est = paired_ratio(base_ms, cand_ms, 1.0 - alpha, seed)
     return speed_verdict(est.ratio, est.ci_low, est.ci_high, est.p_value, alpha, min_effect)
 
 
@@ -193,7 +194,7 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
     `make_baseline()` and `make_candidate()` build a fresh zero-argument step (a fresh model, fresh
     tensors: e.g. `lambda: bind(variant, state, make_model())`). Every round builds both anew and
     alternates `pairs` pairs in a seeded random order (see `sidebyside`); the speedup is exp(-mean of the
-    rounds' median log ratios), its 95% interval and p (two-sided) come from a t-test over rounds, so the
+    rounds' median log ratios), its interval (at 1 - alpha) and p (two-sided) come from a t-test over rounds, so the
     bias each instance carries (several percent on memory-bound and CNN work here) is inside the
     interval. Same verdict rule as `ab`.
     """
@@ -237,7 +238,7 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
                         math.exp(-d), None, None, None, base, cand, cold, **common)
     se = sd / math.sqrt(n)
     p = min(1.0, 2 * t_test(d, se, n - 1))
-    lo, hi = t_interval(d, se, n - 1, 0.95)
+    lo, hi = t_interval(d, se, n - 1, 1.0 - alpha)   # the level the two-sided test decides at
     v = speed_verdict(math.exp(-d), math.exp(-hi), math.exp(-lo), p, alpha, min_effect)
     return ABResult(v.verdict, f"{v.reason}; {n} rounds of fresh instances", v.speedup, v.ci_low, v.ci_high,
                     v.p_value, base, cand, cold, **common)

@@ -257,7 +257,9 @@ def decisions_table(decisions, fmt: str = "simple", wide: bool = False) -> str:
         rows.append([name, med(r.baseline_ms), med(r.candidate_ms), r.speedup_text, p, len(r.baseline_ms), corr, r.verdict])
     from .interleaved import SPEEDUP_MEANS
 
-    return fit(["comparison", "baseline ms", "candidate ms", "speedup [95% CI]", "p", "pairs", "correct", "verdict"],
+    levels = {1.0 - float((r.params or {}).get("alpha", 0.01)) for _, r in decisions}
+    interval = f"speedup [{levels.pop():.0%} CI]" if len(levels) == 1 else "speedup [CI at 1 - alpha]"
+    return fit(["comparison", "baseline ms", "candidate ms", interval, "p", "pairs", "correct", "verdict"],
                rows, wide=wide, fmt=fmt, foldable=("pairs", "correct"), droppable=("p", "baseline ms", "candidate ms")) + f"\n{SPEEDUP_MEANS if wide else wrap(SPEEDUP_MEANS)}"
 
 
