@@ -100,6 +100,7 @@ class BenchSession:
         self.prior = None                             # the run-to-run variance prior fitted from the baseline
         self.baseline_notes: list[str] = []           # what makes the baseline hard to trust
         self.replicas: dict[str, list[Measurement]] = {}   # the gate's fresh-process runs, by scenario
+        self.uncounted: list[str] = []                # why a step's FLOPs could not be counted (not an error)
         if config.compare is not None:
             self.baseline = storage.by_scenario(storage.load_baseline(config.baselines_dir, config.compare))
             self.prior = noise_prior(self.baseline)
@@ -171,7 +172,7 @@ class BenchSession:
         try:
             work = count(fn, setup)
         except Exception as exc:  # noqa: BLE001 - a step the counter cannot run is not counted, and says why
-            self.errors.append((m.name, f"FLOPs not counted: {type(exc).__name__}: {exc}"))
+            self.uncounted.append(f"{m.name}: FLOPs not counted: {type(exc).__name__}: {exc}")
             return m
         if self.config.device == "cpu" and "cpu_peak_flops" not in self.environment:
             self.environment["cpu_peak_flops"] = cpu_peak()
@@ -417,9 +418,10 @@ class BenchSession:
             return []
         wide = self.config.wide
         out = [("bench_core results", session_table(self.results, self.errors, wide=wide))]
-        if any(m.work is not None for m in self.results):
+        if self.config.count_flops and self.results:
+            text = work_table(self.results, self.peak_flops, wide=wide)
             out.append(("bench_core work and utilization (counted FLOPs)",
-                        work_table(self.results, self.peak_flops, wide=wide)))
+                        text + "".join(f"\n{line if wide else wrap(line)}" for line in self.uncounted)))
         if self.results:
             wait = {p.scenario: p.facts.stage_us["batch_read"] / p.facts.step_us for p in self.profiles
                     if p.facts.step_us and "batch_read" in p.facts.stage_us}

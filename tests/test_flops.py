@@ -68,3 +68,20 @@ def test_a_candidate_doing_different_work_is_flagged_beside_its_verdict():
     c = compare_runs("s", base, cand)
     assert any("counted FLOPs differ: baseline [1000] -> current [1500]" in n for n in c.notes)
     assert not compare_runs("s", base, [replace(m, work={"flops": 1000}) for m in cand]).notes
+
+
+def test_a_step_the_counter_cannot_run_is_not_counted_and_says_why_without_failing_the_scenario(tmp_path):
+    from bench_core.session import BenchSession, SessionConfig
+    from helpers import ENV
+
+    s = BenchSession(SessionConfig(results_dir=None, repeats=3, warmup=0, count_flops=True), ENV)
+    calls = []
+
+    def step():   # fine while timed; raises on the extra, counted call
+        calls.append(1)
+        if len(calls) > 4:
+            raise RuntimeError("only four calls allowed")
+    m, _ = s.run(Scenario("fragile", ("forward",)), step)
+    assert m.work is None and s.errors == []
+    text = " ".join(dict(s.summary_sections())["bench_core work and utilization (counted FLOPs)"].split())
+    assert "fragile not counted" in text and "fragile: FLOPs not counted: RuntimeError: only four calls allowed" in text
