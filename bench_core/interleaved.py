@@ -109,15 +109,14 @@ class PairedDecision:
     p_value: float | None = None
 
 
-def paired_decision(base_ms, cand_ms, alpha: float = 0.01, min_effect: float = 0.01,
-                    seed: int = 0) -> PairedDecision:
+def paired_decision(base_ms, cand_ms, alpha: float = 0.01, min_effect: float = 0.01) -> PairedDecision:
     """Pure: the verdict from paired samples (same index = same pair). The interval is at 1 - alpha, the level
     of the two-sided test the verdict is decided at, so the interval shown never contradicts the verdict."""
     if len(base_ms) != len(cand_ms) or len(base_ms) < 6:
         raise ValueError("paired decision needs equal-length samples, at least 6 pairs")
     if min(base_ms) <= 0 or min(cand_ms) <= 0:
         return PairedDecision(NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio")
-    est = paired_ratio(base_ms, cand_ms, 1.0 - alpha, seed)
+    est = paired_ratio(base_ms, cand_ms, 1.0 - alpha)
     return speed_verdict(est.ratio, est.ci_low, est.ci_high, est.p_value, alpha, min_effect)
 
 
@@ -179,7 +178,7 @@ def ab(baseline: Callable[[], Any], candidate: Callable[[], Any], *, device: str
         bad = [v for v in xs if not math.isfinite(v) or v < 0]
         if bad:
             raise ScenarioError(name, f"{label} produced an impossible sample {bad[0]!r} ms")
-    d = paired_decision(samples["baseline"], samples["candidate"], alpha, min_effect, seed=seed)
+    d = paired_decision(samples["baseline"], samples["candidate"], alpha, min_effect)
     return ABResult(d.verdict, d.reason, d.speedup, d.ci_low, d.ci_high, d.p_value, tuple(samples["baseline"]),
                     tuple(samples["candidate"]), cold, **common)
 

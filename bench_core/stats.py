@@ -244,7 +244,8 @@ def mann_whitney_min_p(n1: int, n2: int) -> float:
 
 @dataclass(frozen=True)
 class PairedRatio:
-    """Median of paired ratios a/b with a bootstrap interval and a Wilcoxon signed-rank p-value."""
+    """The Hodges-Lehmann ratio of paired samples a/b, the interval that inverts the Wilcoxon signed-rank test,
+    and that test's p-value."""
 
     ratio: float
     ci_low: float
@@ -253,21 +254,45 @@ class PairedRatio:
     n: int
 
 
-def paired_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, seed: int = 0,
-                 n_resamples: int = 2000) -> PairedRatio:
-    """a[i] and b[i] are one pair; every value > 0. Pure: same input, same figures."""
+def _signed_rank_p(r: np.ndarray) -> float:
+    nonzero = r[r != 0]
+    return float(_st.wilcoxon(nonzero).pvalue) if nonzero.size >= 6 else 1.0
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedRatio:
+    """a[i] and b[i] are one pair; every value > 0. Pure: same input, same figures.
+
+    One test, one interval: the ratio is exp of the Hodges-Lehmann estimate of the paired log ratios (the
+    median of their Walsh averages), and the interval holds the shifts the same Wilcoxon signed-rank test
+    does not reject at 1 - confidence. So the interval excludes 1.0 exactly when p < 1 - confidence, which a
+    bootstrap of the median did not promise (it excluded 1.0 at p = 0.037 against a 0.01 test)."""
     x, y = np.asarray(a, float), np.asarray(b, float)
     if x.shape != y.shape or x.size < 6:
         raise ValueError("a paired ratio needs equal-length samples, at least 6 pairs")
     if np.any(x <= 0) or np.any(y <= 0):
         raise ValueError("a paired ratio needs positive samples")
     r = np.log(x) - np.log(y)
-    ratio = float(math.exp(np.median(r)))
     if np.all(r == r[0]):
+        ratio = float(math.exp(r[0]))
         return PairedRatio(ratio, ratio, ratio, 0.0 if r[0] != 0 and x.size >= 20 else 1.0, int(x.size))
-    ci = _st.bootstrap((r,), np.median, confidence_level=confidence, n_resamples=n_resamples, method="percentile",
-                       batch=_batch(r.size), random_state=np.random.default_rng(seed), vectorized=True,
-                       axis=-1).confidence_interval
-    nonzero = r[r != 0]
-    p = float(_st.wilcoxon(nonzero).pvalue) if nonzero.size >= 6 else 1.0
-    return PairedRatio(ratio, float(math.exp(ci.low)), float(math.exp(ci.high)), p, int(x.size))
+    i, j = np.triu_indices(r.size)
+    walsh = np.sort((r[i] + r[j]) / 2.0)
+    centre = float(np.median(walsh))
+    level = 1.0 - confidence
+    # The test's p changes only where a shift crosses a Walsh average: probe midway between neighbours (no zeros,
+    # no ties made by the shift), and find by bisection where rejection stops on each side of the estimate.
+    mids = (walsh[:-1] + walsh[1:]) / 2.0
+    accepts = lambda k: _signed_rank_p(r - mids[k]) >= level
+    inside = int(np.searchsorted(mids, centre))
+    lo_k, hi_k = 0, min(inside, mids.size - 1)
+    while lo_k < hi_k:                     # first probe left of the estimate that the test accepts
+        mid = (lo_k + hi_k) // 2
+        lo_k, hi_k = (lo_k, mid) if accepts(mid) else (mid + 1, hi_k)
+    low = walsh[lo_k] if accepts(lo_k) else centre
+    lo_k, hi_k = max(inside - 1, 0), mids.size - 1
+    while lo_k < hi_k:                     # last probe right of the estimate that the test accepts
+        mid = (lo_k + hi_k + 1) // 2
+        lo_k, hi_k = (mid, hi_k) if accepts(mid) else (lo_k, mid - 1)
+    high = walsh[lo_k + 1] if accepts(lo_k) else centre
+    return PairedRatio(float(math.exp(centre)), float(math.exp(low)), float(math.exp(high)), _signed_rank_p(r),
+                       int(x.size))

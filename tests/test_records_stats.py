@@ -166,3 +166,23 @@ def test_the_variance_prior_recovers_a_known_prior_and_is_never_worth_more_than_
     assert fit_variance_prior([0.01, 0.0, 0.02, float("nan")], [4, 4, 4, 4]) is None   # only usable ones count
     # moderation pools: 4 df of the scenario's own with the prior's
     assert agree.moderate(0.04, 4) == pytest.approx(((12 * agree.variance + 4 * 0.04) / 16, 16))
+
+
+def test_the_paired_interval_inverts_the_signed_rank_test_so_they_never_disagree():
+    import numpy as np
+    from scipy import stats as st
+
+    from bench_core.stats import paired_ratio
+
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        n = int(rng.integers(8, 40))
+        b = 1 + 0.1 * rng.random(n)
+        a = b * np.exp(rng.normal(0.03 * rng.standard_normal(), 0.05, n))
+        pr = paired_ratio(a, b, 0.99)
+        assert (pr.ci_low > 1 or pr.ci_high < 1) == (pr.p_value < 0.01)
+        assert pr.ci_low <= pr.ratio <= pr.ci_high
+        r = np.log(a) - np.log(b)
+        walsh = [(r[i] + r[j]) / 2 for i in range(n) for j in range(i, n)]
+        assert pr.ratio == pytest.approx(np.exp(np.median(walsh)))         # Hodges-Lehmann
+        assert pr.p_value == pytest.approx(st.wilcoxon(r).pvalue)
