@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     rows = [["A/B (candidate 1/20 less work)", f"{detected}/{len(ab)} detected as faster",
              f"{min(r['speedup'] for r in ab):.3f} .. {max(r['speedup'] for r in ab):.3f}"],
             ["A/A (identical code, separate instances)",
-             f"{false_calls}/{len(aa)} called different; 95% interval covers 1.0 in {covered}/{len(aa)}",
+             f"{false_calls}/{len(aa)} called different; the interval (at 1 - alpha, 99%) covers 1.0 in "
+             f"{covered}/{len(aa)}",
              f"{min(r['speedup'] for r in aa):.3f} .. {max(r['speedup'] for r in aa):.3f}"]]
     print(f"{ns.workload}, {ns.mode}: work ratio {true_speedup:.3f}; one call per trial, default settings, "
           f"fresh process each")
