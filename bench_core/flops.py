@@ -26,28 +26,46 @@ PEAK_SOURCE = "NVIDIA data sheets, dense (SXM parts)"
 @dataclass(frozen=True)
 class WorkCount:
     flops: int                                   # counted operators only; see `not_counted`
+    bytes: int | None = None                     # tensor bytes the operators read and wrote (see `count`)
     by_operator: Mapping[str, int] = field(default_factory=dict)
     by_module: Mapping[str, int] = field(default_factory=dict)
     not_counted: Mapping[str, int] = field(default_factory=dict)   # operator -> calls, no FLOP formula in torch
 
     def to_dict(self) -> dict:
-        return {"flops": self.flops, "by_operator": dict(self.by_operator), "by_module": dict(self.by_module),
-                "not_counted": dict(self.not_counted)}
+        return {"flops": self.flops, "bytes": self.bytes, "by_operator": dict(self.by_operator),
+                "by_module": dict(self.by_module), "not_counted": dict(self.not_counted)}
+
+
+# Operators that move no data: views and metadata. Their tensors' bytes are not traffic.
+NO_TRAFFIC = {"aten.view", "aten._unsafe_view", "aten.t", "aten.transpose", "aten.expand", "aten.detach",
+              "aten.reshape", "aten.permute", "aten.unsqueeze", "aten.squeeze", "aten.as_strided", "aten.slice",
+              "aten.select", "aten.alias", "aten.lift_fresh", "aten.is_same_size", "aten.split", "aten.unbind",
+              "aten.empty", "aten.new_empty", "aten.empty_like", "aten._local_scalar_dense", "aten.flatten"}
 
 
 def count(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> WorkCount:
-    """One call of `fn` (after `setup`) under torch's FLOP counter and a recorder of every operator it runs."""
+    """One call of `fn` (after `setup`) under torch's FLOP counter and a recorder of every operator it runs.
+
+    Bytes: for every operator that moves data, the sizes of the tensors it takes and returns. An estimate of
+    memory traffic with no cache in between (an upper bound for data a cache keeps; an in-place result counts
+    as read and written); with the FLOPs it places the step as compute- or memory-bound."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
     from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
     counted = {str(op) for op in flop_registry}
     calls: dict[str, int] = {}
+    moved = [0]
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = str(func.overloadpacket)
             calls[name] = calls.get(name, 0) + 1
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            if name not in NO_TRAFFIC:
+                moved[0] += sum(t.nbytes for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+            return out
 
     if setup is not None:
         setup()
@@ -68,7 +86,7 @@ def count(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> Work
             "aten.linear", "aten.matmul", "aten.einsum", "aten.conv1d", "aten.conv2d", "aten.conv3d")
     not_counted = {op: n for op, n in sorted(calls.items())
                    if op not in counted and op not in skip and not op.startswith("profiler.")}
-    return WorkCount(int(counter.get_total_flops()), by_op, by_module, not_counted)
+    return WorkCount(int(counter.get_total_flops()), moved[0], by_op, by_module, not_counted)
 
 
 def achieved(flops: int, median_ms: float) -> float | None:

@@ -162,25 +162,29 @@ def work_table(results: Sequence[Measurement], peak_of, wide: bool = False) -> s
     rows, notes = [], []
     for m in results:
         if m.work is None:
-            rows.append([m.name, "not counted", "-", "-", "-"])
+            rows.append([m.name, "not counted", "-", "-", "-", "-"])
             continue
         ops = m.work.get("by_operator") or {}
         lead = max(ops.items(), key=lambda kv: kv[1]) if ops else None
+        moved = m.work.get("bytes")
+        intensity = "-" if not moved or not m.work["flops"] else f"{m.work['flops'] / moved:.3g}"
         if m.work["flops"] == 0:   # nothing with a formula ran: none counted, which is not zero work
-            rows.append([m.name, "none counted", "-", "-", "-"])
+            rows.append([m.name, "none counted", "-", "-", intensity, "-"])
         else:
             rate, peak = m.flops_per_s, peak_of(m)
             share = "-" if rate is None or not peak else f"{rate / peak:.1%} of {_flops(peak, per_s=True)}"
-            rows.append([m.name, _flops(m.work["flops"]), _flops(rate, per_s=True), share,
+            rows.append([m.name, _flops(m.work["flops"]), _flops(rate, per_s=True), share, intensity,
                          "-" if lead is None else f"{lead[0]} {lead[1] / m.work['flops']:.0%}"])
         missing = m.work.get("not_counted") or {}
         if missing:
             notes.append(f"{m.name}: not counted (no FLOP formula in torch): "
                          + ", ".join(f"{op} x{n}" for op, n in list(missing.items())[:8])
                          + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
-    body = fit(["scenario", "FLOPs per step", "achieved", "of peak", "largest counted"], rows, wide=wide)
+    body = fit(["scenario", "FLOPs per step", "achieved", "of peak", "FLOP/byte", "largest counted"], rows, wide=wide)
     foot = ["counted once after the timed window with torch's FLOP counter (matmuls, convolutions, attention); "
-            "elementwise work has no formula and is listed as not counted, never as zero"] + notes
+            "elementwise work has no formula and is listed as not counted, never as zero. FLOP/byte: counted FLOPs "
+            "over the bytes every data-moving operator read and wrote, with no cache between (a low figure: "
+            "memory-bound work)"] + notes
     return body + "".join(f"\n{line if wide else wrap(line)}" for line in foot)
 
 

@@ -92,7 +92,9 @@ class Worker:
 
     def __init__(self, init: Mapping[str, Any], timeout_s: float = 600.0):
         self.side, self.scenario, self.timeout_s = init["side"], init["scenario"], timeout_s
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench_core.worker"], stdin=subprocess.PIPE,
+        # the parent's pid on the command line: a worker whose parent is gone is an orphan, findable by anyone
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench_core.worker", "--parent", str(os.getpid())],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
         self._write(init)   # it imports and loads while the parent starts the other side's worker
 

@@ -21,3 +21,19 @@ def runs(levels, n=30, spread=0.01, seed=0, name="s", **kw):
     """One measurement per level: n samples around that level with relative spread."""
     rng = np.random.default_rng(seed)
     return [meas(level * (1 + spread * rng.standard_normal(n)), name=name, **kw) for level in levels]
+
+
+def orphaned_workers() -> list[int]:
+    """bench_core worker processes whose parent (named on their command line) is gone: leaks, whoever made them.
+    Workers of other live sessions on the machine are not counted."""
+    import os
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-af", "bench_core.worker --parent"], capture_output=True, text=True).stdout
+    orphans = []
+    for line in out.splitlines():
+        pid, *args = line.split()
+        parent = int(args[args.index("--parent") + 1]) if "--parent" in args else None
+        if parent is not None and not os.path.exists(f"/proc/{parent}"):
+            orphans.append(int(pid))
+    return orphans

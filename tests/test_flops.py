@@ -21,6 +21,14 @@ def test_a_matmul_and_a_conv_count_what_the_formulas_say():
     assert w.flops == 2 * 2 * 8 * 10 * 10 * 3 * 3 * 3 and w.by_module == {"Conv2d": w.flops}
 
 
+def test_bytes_moved_are_the_tensors_each_operator_reads_and_writes_and_views_move_nothing():
+    a, b = torch.randn(32, 48), torch.randn(48, 16)
+    assert count(lambda: a @ b).bytes == (32 * 48 + 48 * 16 + 32 * 16) * 4
+    x = torch.randn(1000)
+    assert count(lambda: x * 2 + 1).bytes == 2 * (1000 + 1000) * 4          # two ops, each reads and writes x's size
+    assert count(lambda: x.view(10, 100).t()).bytes == 0                       # views move no data
+
+
 def test_an_mlp_training_step_counts_forward_and_backward_and_names_what_has_no_formula():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
@@ -48,7 +56,9 @@ def test_achieved_rate_and_utilization_from_a_fake_clock_and_a_given_peak():
                          "not_counted": {"aten.relu": 1}})
     assert m.flops_per_s == pytest.approx(2e12)                 # 4 GFLOP in 2 ms
     text = " ".join(work_table([m], lambda _: 4e12).split())
-    assert "k 4 GFLOP 2 TFLOP/s 50.0% of 4 TFLOP/s aten.mm 100%" in text
+    assert "k 4 GFLOP 2 TFLOP/s 50.0% of 4 TFLOP/s - aten.mm 100%" in text          # no bytes: no intensity
+    moved = replace(m, work={**m.work, "bytes": 8_000_000_000})
+    assert "50.0% of 4 TFLOP/s 0.5 aten.mm 100%" in " ".join(work_table([moved], lambda _: 4e12).split())
     assert "k: not counted (no FLOP formula in torch): aten.relu x1" in text
     none = replace(m, work={"flops": 0, "not_counted": {"aten.add": 20}})
     assert "k none counted" in " ".join(work_table([none], lambda _: 4e12).split())   # never "0 FLOP/s"

@@ -413,8 +413,6 @@ def test_isolated(bench):
 
 
 def test_code_that_cannot_load_twice_is_compared_in_worker_processes(pytester):
-    import subprocess
-
     committed(pytester, test_isolated=ISOLATED.format(ms=2))
     pytester.makepyfile(test_isolated=ISOLATED.format(ms=6))      # three times slower
     res = pytester.runpytest_subprocess("--bench-against", "HEAD", "--bench-quick")
@@ -425,8 +423,9 @@ def test_code_that_cannot_load_twice_is_compared_in_worker_processes(pytester):
     rec = json.loads(path.read_text())["against"]["scenarios"][0]
     assert len(rec["rounds"]) == 3 and "cannot be loaded beside" in rec["code"]["why_workers"]
     assert 2.5 < rec["comparison"]["ratio"] < 3.5
-    out = subprocess.run(["pgrep", "-f", "bench_core.worker"], capture_output=True, text=True).stdout
-    assert not out.strip(), "a worker process was left behind"
+    from helpers import orphaned_workers
+
+    assert orphaned_workers() == [], "a worker process was left behind"
 
 
 def test_the_gate_states_what_it_decided_and_strict_fails_what_it_could_not(bt):
