@@ -21,6 +21,8 @@ PEAKS = {
     ("A100", "bfloat16"): 312.0, ("A100", "float16"): 312.0, ("A100", "float32"): 19.5, ("A100", "tf32"): 156.0,
 }
 PEAK_SOURCE = "NVIDIA data sheets, dense (SXM parts)"
+# Memory bandwidth, TB/s, same sources (H100 SXM HBM3, H200 HBM3e, A100 80GB SXM HBM2e).
+BANDWIDTH = {"H100": 3.35, "H200": 4.8, "A100": 2.039}
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,37 @@ def known_peak(gpu_name: str | None, dtype: str | None) -> float | None:
         if model in gpu_name and dt == dtype:
             return tflops
     return None
+
+
+def known_bandwidth(gpu_name: str | None) -> float | None:
+    """Memory bandwidth in bytes/s of a known GPU model, or None."""
+    for model, tbs in BANDWIDTH.items():
+        if gpu_name and model in gpu_name:
+            return tbs * 1e12
+    return None
+
+
+def cpu_bandwidth(megabytes: int = 64, repeats: int = 5, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Bytes/s of the best of a few copies of a buffer far larger than the caches (read once, written once)."""
+    import torch
+
+    src = torch.empty(megabytes * 2 ** 20, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    dst.copy_(src)   # the first copy pays for the pages
+    best = float("inf")
+    for _ in range(repeats):
+        start = clock()
+        dst.copy_(src)
+        best = min(best, clock() - start)
+    return 2.0 * src.nbytes / best if best > 0 else float("nan")
+
+
+def bound(flops: int, moved: int | None, peak: float | None, bandwidth: float | None) -> str | None:
+    """'compute' or 'memory': which roof the step's arithmetic intensity sits under (the roofline's ridge is
+    peak / bandwidth FLOP per byte); None when a figure is missing."""
+    if not flops or not moved or not peak or not bandwidth:
+        return None
+    return "compute" if flops / moved >= peak / bandwidth else "memory"
 
 
 def cpu_peak(size: int = 1024, repeats: int = 5, clock: Callable[[], float] = time.perf_counter) -> float:

@@ -156,9 +156,11 @@ def _flops(v: float | None, per_s: bool = False) -> str:
     return f"{v:.0f} FLOP{'/s' if per_s else ''}"
 
 
-def work_table(results: Sequence[Measurement], peak_of, wide: bool = False) -> str:
+def work_table(results: Sequence[Measurement], peak_of, wide: bool = False, bandwidth_of=lambda m: None) -> str:
     """Counted FLOPs per step, achieved FLOP/s at the median, the share of the peak (`peak_of(m)`, FLOP/s or
-    None), the leading operator, and what was not counted."""
+    None), the arithmetic intensity and the roof it sits under (`bandwidth_of(m)`, bytes/s or None), the
+    leading operator, and what was not counted."""
+    from .flops import bound
     rows, notes = [], []
     for m in results:
         if m.work is None:
@@ -168,6 +170,8 @@ def work_table(results: Sequence[Measurement], peak_of, wide: bool = False) -> s
         lead = max(ops.items(), key=lambda kv: kv[1]) if ops else None
         moved = m.work.get("bytes")
         intensity = "-" if not moved or not m.work["flops"] else f"{m.work['flops'] / moved:.3g}"
+        roof = bound(m.work["flops"], moved, peak_of(m), bandwidth_of(m))
+        intensity += "" if roof is None else f" ({roof}-bound)"
         if m.work["flops"] == 0:   # nothing with a formula ran: none counted, which is not zero work
             rows.append([m.name, "none counted", "-", "-", intensity, "-"])
         else:
@@ -183,8 +187,9 @@ def work_table(results: Sequence[Measurement], peak_of, wide: bool = False) -> s
     body = fit(["scenario", "FLOPs per step", "achieved", "of peak", "FLOP/byte", "largest counted"], rows, wide=wide)
     foot = ["counted once after the timed window with torch's FLOP counter (matmuls, convolutions, attention); "
             "elementwise work has no formula and is listed as not counted, never as zero. FLOP/byte: counted FLOPs "
-            "over the bytes every data-moving operator read and wrote, with no cache between (a low figure: "
-            "memory-bound work)"] + notes
+            "over the bytes every data-moving operator read and wrote, with no cache between; compute- or "
+            "memory-bound against the roofline's ridge, peak FLOP/s over memory bandwidth (a known GPU's, or on the "
+            "CPU a 64 MiB copy timed once)"] + notes
     return body + "".join(f"\n{line if wide else wrap(line)}" for line in foot)
 
 

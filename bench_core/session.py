@@ -167,7 +167,7 @@ class BenchSession:
     def count_work(self, m: Measurement, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> Measurement:
         """The result with its counted work; on the CPU the machine's matmul peak is measured once, for the
         utilization figure, and kept in the environment."""
-        from .flops import count, cpu_peak
+        from .flops import count, cpu_bandwidth, cpu_peak
 
         try:
             work = count(fn, setup)
@@ -176,7 +176,16 @@ class BenchSession:
             return m
         if self.config.device == "cpu" and "cpu_peak_flops" not in self.environment:
             self.environment["cpu_peak_flops"] = cpu_peak()
+            self.environment["cpu_bandwidth_bytes_per_s"] = cpu_bandwidth()
         return replace(m, work=work.to_dict())
+
+    def bandwidth(self, m: Measurement) -> float | None:
+        """Memory bandwidth, bytes/s, for the roofline: a known GPU's, or the CPU's measured copy rate."""
+        from .flops import known_bandwidth
+
+        if m.device == "cuda":
+            return known_bandwidth(self.environment.get("gpu_name"))
+        return self.environment.get("cpu_bandwidth_bytes_per_s")
 
     def peak_flops(self, m: Measurement) -> float | None:
         """The peak FLOP/s that utilization is a share of: the user's, a known GPU's for the scenario's dtype,
@@ -419,7 +428,7 @@ class BenchSession:
         wide = self.config.wide
         out = [("bench_core results", session_table(self.results, self.errors, wide=wide))]
         if self.config.count_flops and self.results:
-            text = work_table(self.results, self.peak_flops, wide=wide)
+            text = work_table(self.results, self.peak_flops, wide=wide, bandwidth_of=self.bandwidth)
             out.append(("bench_core work and utilization (counted FLOPs)",
                         text + "".join(f"\n{line if wide else wrap(line)}" for line in self.uncounted)))
         if self.results:

@@ -95,3 +95,21 @@ def test_a_step_the_counter_cannot_run_is_not_counted_and_says_why_without_faili
     assert m.work is None and s.errors == []
     text = " ".join(dict(s.summary_sections())["bench_core work and utilization (counted FLOPs)"].split())
     assert "fragile not counted" in text and "fragile: FLOPs not counted: RuntimeError: only four calls allowed" in text
+
+
+def test_the_roof_a_step_sits_under_and_the_cpus_measured_bandwidth():
+    from bench_core.flops import bound, cpu_bandwidth, known_bandwidth
+
+    # ridge = 1e12 FLOP/s / 1e11 B/s = 10 FLOP/byte
+    assert bound(100, 5, 1e12, 1e11) == "compute" and bound(100, 50, 1e12, 1e11) == "memory"
+    assert bound(100, None, 1e12, 1e11) is None and bound(100, 5, None, 1e11) is None   # missing: no claim
+    assert known_bandwidth("NVIDIA H200") == 4.8e12 and known_bandwidth(None) is None
+    ticks = iter([0.0, 0.01] * 5)
+    assert cpu_bandwidth(megabytes=1, clock=lambda: next(ticks)) == pytest.approx(2 * 2 ** 20 / 0.01)
+    from dataclasses import replace
+
+    clock = FakeClock()
+    m = measure(work(clock, 1.0, 2.0), scenario=Scenario("k", ("forward",)), warmup=0, repeats=3, clock=clock)
+    m = replace(m, work={"flops": 4_000_000_000, "bytes": 8_000_000_000, "by_operator": {"aten.mm": 4_000_000_000}})
+    text = " ".join(work_table([m], lambda _: 4e12, bandwidth_of=lambda _: 1e12).split())
+    assert "0.5 (memory-bound)" in text                      # 0.5 FLOP/byte under a ridge of 4
