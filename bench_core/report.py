@@ -32,33 +32,36 @@ def fit(headers: Sequence[str], rows: Sequence[Sequence], *, wide: bool = False,
     text = render()
     if wide or not rows or max(map(len, text.splitlines())) <= width:
         return text
-    same = [h for i, h in enumerate(headers) if h in foldable and len({str(r[i]) for r in rows}) == 1]
-    said = [f"{h}: {rows[0][headers.index(h)]}" for h in same]
-    for h in same:
+    def remove(h):
         i = headers.index(h)
         headers.pop(i)
         for r in rows:
             r.pop(i)
+    same = [h for i, h in enumerate(headers) if h in foldable and len({str(r[i]) for r in rows}) == 1]
+    said = [f"{h}: {rows[0][headers.index(h)]}" for h in same]
+    for h in same:
+        remove(h)
     left_out = []
     for h in droppable:
-        text = render()
-        if max(map(len, text.splitlines())) <= width:
+        if max(map(len, render().splitlines())) <= width:
             break
         if h in headers:
-            i = headers.index(h)
-            headers.pop(i)
-            for r in rows:
-                r.pop(i)
+            remove(h)
             left_out.append(h)
     text = render()
     foot = ([f"every row: {', '.join(said)}"] if said else []) + (
         [f"left out to fit {width} columns: {', '.join(left_out)} (wide tables show them)"] if left_out else [])
-    return text + "".join(f"\n{wrap(line, width)}" for line in foot)
+    return text + "".join(f"\n{wrap(line, width)}" for line in foot)   # width may differ from WIDTH
 
 
 def wrap(line: str, width: int = WIDTH) -> str:
     """Prose within `width` columns; continuation lines indented."""
     return textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+
+
+def below(lines: Sequence[str], wide: bool = False) -> str:
+    """Prose lines to follow a table, each on its own line: wrapped to WIDTH unless the tables are wide."""
+    return "".join(f"\n{line if wide else wrap(line)}" for line in lines)
 
 
 def _ms(v: float | None) -> str:
@@ -109,16 +112,17 @@ def sample_shape(samples: Sequence[float]) -> str | None:
     return None
 
 
-def session_rows(results: Sequence[Measurement]) -> list[list[str]]:
+def session_rows(results: Sequence[Measurement], shapes: Sequence[str | None] | None = None) -> list[list[str]]:
+    """`shapes`: each result's `sample_shape`, when the caller has them already."""
+    shapes = [sample_shape(m.primary_ms) for m in results] if shapes is None else shapes
     rows = []
-    for m in results:
+    for m, shape in zip(results, shapes):
         s = m.summary
         cold = m.cold_start.first_call_gpu_ms if m.gpu_ms is not None else m.cold_start.first_call_ms
         cold_txt = _ms(cold)
         if m.cold_start.load_ms is not None:
             cold_txt += f" (+load {_ms(m.cold_start.load_ms)})"
         mode = m.mode if m.mode == "per_call" else f"block x{m.block_size}"
-        shape = sample_shape(m.primary_ms)
         name = m.name + (" (!)" if shape else "")   # the warning is on the row; its words are under the table
         rows.append([name, m.device, "-" if m.threads is None else m.threads, m.timer, mode, cold_txt, _ms(s.median),
                      _ms(s.iqr), _ms(s.min), _ms(s.max), s.n, _rate(m.throughput), _bytes(m.memory.window_peak_bytes)])
@@ -132,18 +136,15 @@ def session_rows(results: Sequence[Measurement]) -> list[list[str]]:
 
 def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, str]] = (), fmt: str = "simple",
                   wide: bool = False) -> str:
-    out = fit(SESSION_HEADERS, session_rows(results), wide=wide, fmt=fmt,
+    shapes = [sample_shape(m.primary_ms) for m in results]
+    out = fit(SESSION_HEADERS, session_rows(results, shapes), wide=wide, fmt=fmt,
               foldable=("device", "threads", "timer", "mode", "n", "throughput", "window mem"),
               droppable=("IQR ms", "window mem", "throughput", "min ms"))
-    shape_notes = [f"{m.name} (!): {sample_shape(m.primary_ms)}" for m in results if sample_shape(m.primary_ms)]
-    for line in shape_notes:
-        out += "\n" + (line if wide else wrap(line))
-    gpu_notes = [f"{m.name}: the GPU during its window: {'; '.join(m.telemetry['flags'])}"
-                 for m in results if m.telemetry is not None and m.telemetry["flags"]]
-    for line in gpu_notes:
-        out += "\n" + (line if wide else wrap(line))
+    out += below([f"{m.name} (!): {shape}" for m, shape in zip(results, shapes) if shape], wide)
+    out += below([f"{m.name}: the GPU during its window: {'; '.join(m.telemetry['flags'])}"
+                  for m in results if m.telemetry is not None and m.telemetry["flags"]], wide)
     if errors:
-        out += "\n\nfailed scenarios:\n" + "\n".join(f"  {n}: {p}" if wide else wrap(f"  {n}: {p}") for n, p in errors)
+        out += "\n\nfailed scenarios:" + below([f"  {n}: {p}" for n, p in errors], wide)
     return out
 
 
@@ -170,12 +171,13 @@ def work_table(results: Sequence[Measurement], peak_of, wide: bool = False, band
         lead = max(ops.items(), key=lambda kv: kv[1]) if ops else None
         moved = m.work.get("bytes")
         intensity = "-" if not moved or not m.work["flops"] else f"{m.work['flops'] / moved:.3g}"
-        roof = bound(m.work["flops"], moved, peak_of(m), bandwidth_of(m))
+        peak = peak_of(m)
+        roof = bound(m.work["flops"], moved, peak, bandwidth_of(m))
         intensity += "" if roof is None else f" ({roof}-bound)"
         if m.work["flops"] == 0:   # nothing with a formula ran: none counted, which is not zero work
             rows.append([m.name, "none counted", "-", "-", intensity, "-"])
         else:
-            rate, peak = m.flops_per_s, peak_of(m)
+            rate = m.flops_per_s
             share = "-" if rate is None or not peak else f"{rate / peak:.1%} of {_flops(peak, per_s=True)}"
             rows.append([m.name, _flops(m.work["flops"]), _flops(rate, per_s=True), share, intensity,
                          "-" if lead is None else f"{lead[0]} {lead[1] / m.work['flops']:.0%}"])
@@ -190,7 +192,7 @@ def work_table(results: Sequence[Measurement], peak_of, wide: bool = False, band
             "over the bytes every data-moving operator read and wrote, with no cache between; compute- or "
             "memory-bound against the roofline's ridge, peak FLOP/s over memory bandwidth (a known GPU's, or on the "
             "CPU a 64 MiB copy timed once)"] + notes
-    return body + "".join(f"\n{line if wide else wrap(line)}" for line in foot)
+    return body + below(foot, wide)
 
 
 RESOURCE_HEADERS = ["scenario", "peak device mem", "window mem", "throughput", "host-to-device", "waiting for data"]
@@ -218,7 +220,7 @@ def resource_table(results: Sequence[Measurement], environment: Mapping, data_wa
     body = fit(RESOURCE_HEADERS, resource_rows(results, data_wait), wide=wide)
     caveat = (f"measured on this machine ({where}); a local run does not prove a rented server's host CPU, disk or "
               f"network. Waiting for data comes from a diagnose pass (--bench-profile); n/o: not observed")
-    return body + "\n" + (caveat if wide else wrap(caveat))
+    return body + below([caveat], wide)
 
 
 COMPARE_HEADERS = ["scenario", "baseline ms", "current ms", "ratio", "interval (level)", "p (adj)",
@@ -253,7 +255,7 @@ def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str =
     foot = (f"\np-values adjusted by {'; '.join(methods) or 'nothing (no scenario was decidable)'}; alpha={alpha}; "
             f"each interval is at the level its verdict was decided at")
     lines = [foot.lstrip("\n"), *notes]
-    return body + "".join(f"\n{line if wide else wrap(line)}" for line in lines)
+    return body + below(lines, wide)
 
 
 def decisions_table(decisions, fmt: str = "simple", wide: bool = False) -> str:
@@ -269,7 +271,7 @@ def decisions_table(decisions, fmt: str = "simple", wide: bool = False) -> str:
     levels = {1.0 - float((r.params or {}).get("alpha", 0.01)) for _, r in decisions}
     interval = f"speedup [{levels.pop():.0%} CI]" if len(levels) == 1 else "speedup [CI at 1 - alpha]"
     return fit(["comparison", "baseline ms", "candidate ms", interval, "p", "pairs", "correct", "verdict"],
-               rows, wide=wide, fmt=fmt, foldable=("pairs", "correct"), droppable=("p", "baseline ms", "candidate ms")) + f"\n{SPEEDUP_MEANS if wide else wrap(SPEEDUP_MEANS)}"
+               rows, wide=wide, fmt=fmt, foldable=("pairs", "correct"), droppable=("p", "baseline ms", "candidate ms")) + below([SPEEDUP_MEANS], wide)
 
 
 MARKDOWN_LIMIT = 1_000_000   # GitHub's job summary takes at most 1 MiB; leave room for other steps

@@ -420,7 +420,7 @@ class BenchSession:
     # -- reporting -------------------------------------------------------------------------------
     def summary_sections(self) -> list[tuple[str, str]]:
         """The end-of-session report as (title, text) sections, in reading order."""
-        from .report import comparison_table, decisions_table, resource_table, session_table, work_table, wrap
+        from .report import comparison_table, decisions_table, below, resource_table, session_table, work_table
         from .trace_analysis import hypotheses_table
 
         if not self.results and not self.errors and not self.decisions:
@@ -430,7 +430,7 @@ class BenchSession:
         if self.config.count_flops and self.results:
             text = work_table(self.results, self.peak_flops, wide=wide, bandwidth_of=self.bandwidth)
             out.append(("bench_core work and utilization (counted FLOPs)",
-                        text + "".join(f"\n{line if wide else wrap(line)}" for line in self.uncounted)))
+                        text + below(self.uncounted, wide)))
         if self.results:
             wait = {p.scenario: p.facts.stage_us["batch_read"] / p.facts.step_us for p in self.profiles
                     if p.facts.step_us and "batch_read" in p.facts.stage_us}
@@ -457,7 +457,7 @@ class BenchSession:
                 lines.append(f"run-to-run variance prior: {math.expm1(math.sqrt(self.prior.variance)):.1%} spread, "
                              f"worth {self.prior.df:.3g} runs ({self.prior.source})")
             lines.append(self.outcome())
-            text += "".join(f"\n{line if wide else wrap(line)}" for line in lines)
+            text += below(lines, wide)
             out.append((f"bench_core comparison with {self.compared_with}", text))
         return [(self.shown(title), self.shown(text)) for title, text in out]
 
