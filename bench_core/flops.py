@@ -20,7 +20,6 @@ PEAKS = {
     ("H200", "bfloat16"): 989.0, ("H200", "float16"): 989.0, ("H200", "float32"): 67.0, ("H200", "tf32"): 494.5,
     ("A100", "bfloat16"): 312.0, ("A100", "float16"): 312.0, ("A100", "float32"): 19.5, ("A100", "tf32"): 156.0,
 }
-PEAK_SOURCE = "NVIDIA data sheets, dense (SXM parts)"
 # Memory bandwidth, TB/s, same sources (H100 SXM HBM3, H200 HBM3e, A100 80GB SXM HBM2e).
 BANDWIDTH = {"H100": 3.35, "H200": 4.8, "A100": 2.039}
 
@@ -43,6 +42,15 @@ NO_TRAFFIC = {"aten.view", "aten._unsafe_view", "aten.t", "aten.transpose", "ate
               "aten.reshape", "aten.permute", "aten.unsqueeze", "aten.squeeze", "aten.as_strided", "aten.slice",
               "aten.select", "aten.alias", "aten.lift_fresh", "aten.is_same_size", "aten.split", "aten.unbind",
               "aten.empty", "aten.new_empty", "aten.empty_like", "aten._local_scalar_dense", "aten.flatten"}
+
+
+# Operators that are not arithmetic to count: the views above, allocations, copies, and composites whose work
+# reaches the counter as the matmuls and convolutions they call. The rest without a formula is "not counted".
+NOT_WORK = NO_TRAFFIC | {
+    "aten.zeros", "aten.ones", "aten.full", "aten.copy_", "aten._to_copy", "aten.clone", "aten.new_zeros",
+    "aten.ones_like", "aten.zeros_like", "aten.cat", "aten.stack", "aten.fill_", "aten.zero_", "aten.randn",
+    "aten.rand", "aten.normal_", "aten.uniform_", "aten.full_like", "aten.to", "aten.contiguous",
+    "aten.linear", "aten.matmul", "aten.einsum", "aten.conv1d", "aten.conv2d", "aten.conv3d"}
 
 
 def count(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> WorkCount:
@@ -76,24 +84,9 @@ def count(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> Work
         fn()
     by_module = {str(k): int(sum(v.values())) for k, v in counter.get_flop_counts().items() if k != "Global"}
     by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
-    # operators that do arithmetic but have no formula; views, copies and allocations are not work to count
-    skip = ("aten.view", "aten._unsafe_view", "aten.t", "aten.transpose", "aten.expand", "aten.detach",
-            "aten.empty", "aten.zeros", "aten.ones", "aten.full", "aten.copy_", "aten._to_copy", "aten.clone",
-            "aten.reshape", "aten.permute", "aten.unsqueeze", "aten.squeeze", "aten.as_strided", "aten.slice",
-            "aten.select", "aten.alias", "aten.lift_fresh", "aten.new_empty", "aten.new_zeros", "aten.ones_like",
-            "aten.zeros_like", "aten.empty_like", "aten.is_same_size", "aten.split", "aten.unbind", "aten.cat",
-            "aten.stack", "aten.fill_", "aten.zero_", "aten.randn", "aten.rand", "aten.normal_", "aten.uniform_",
-            "aten.full_like", "aten.to", "aten._local_scalar_dense", "aten.contiguous", "aten.flatten",
-            # composites: their work reaches the counter as the matmuls and convolutions they call
-            "aten.linear", "aten.matmul", "aten.einsum", "aten.conv1d", "aten.conv2d", "aten.conv3d")
     not_counted = {op: n for op, n in sorted(calls.items())
-                   if op not in counted and op not in skip and not op.startswith("profiler.")}
+                   if op not in counted and op not in NOT_WORK and not op.startswith("profiler.")}
     return WorkCount(int(counter.get_total_flops()), moved[0], by_op, by_module, not_counted)
-
-
-def achieved(flops: int, median_ms: float) -> float | None:
-    """FLOP/s at the median time; None at 0 ms."""
-    return flops / (median_ms / 1e3) if median_ms > 0 else None
 
 
 def known_peak(gpu_name: str | None, dtype: str | None) -> float | None:
