@@ -29,7 +29,7 @@ def cmd_compare(ns) -> int:
     try:
         gate = GateConfig(alpha=ns.alpha, threshold=ns.threshold, run_noise=ns.run_noise, adjust=ns.adjust,
                           allow_env_mismatch=ns.allow_env_mismatch, min_runs=ns.min_runs,
-                          max_runs=max(ns.min_runs, ns.max_runs), window=ns.window)
+                          max_runs=None if ns.max_runs is None else max(ns.min_runs, ns.max_runs), window=ns.window)
         base = storage.by_scenario(_load(ns.baseline, Path(ns.baselines)))
         new = storage.by_scenario(_load(ns.new, Path(ns.baselines)))
         failed = storage.load_errors(Path(ns.new)) if Path(ns.new).exists() else []
@@ -97,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fallback run-to-run spread, used when the baseline is too small to fit its own")
     c.add_argument("--min-runs", type=int, default=d.min_runs,
                    help="candidate runs (separate processes) before slower/faster can be said (1: one run decides)")
-    c.add_argument("--max-runs", type=int, default=d.max_runs,
-                   help="the replication budget the looks are planned for (alpha is split over them)")
+    c.add_argument("--max-runs", type=int, default=None,
+                   help="the replication budget the looks are planned for (alpha is split over them); "
+                        "default 5, or --min-runs if more")
     c.add_argument("--window", type=int, default=None, help="compare with the latest N baseline runs only")
     c.add_argument("--adjust", choices=("holm", "bonferroni", "bh"), default=d.adjust)
     c.add_argument("--allow-env-mismatch", action="store_true")

@@ -60,6 +60,9 @@ SLOWER, FASTER, UNCHANGED, INCONCLUSIVE, INCOMPARABLE = (
 )
 
 
+DEFAULT_MAX_RUNS = 5
+
+
 @dataclass(frozen=True)
 class GateConfig:
     alpha: float = 0.01            # family-wise significance level, per direction
@@ -72,7 +75,7 @@ class GateConfig:
     adjust: str = "holm"           # holm | bonferroni | bh
     allow_env_mismatch: bool = False
     min_runs: int = 3              # candidate runs (fresh processes) before "slower" or "faster" can be said
-    max_runs: int = 5              # the replication budget: candidate runs at most
+    max_runs: int | None = None    # the replication budget, candidate runs at most (None: 5, or min_runs if more)
     guard_rate: float = 0.03       # no baseline should give false alarms more often than this ...
     guard_baselines: float = 0.01  # ... except this share of baselines
     window: int | None = None      # compare with the latest N baseline runs (the prior still uses them all)
@@ -92,6 +95,8 @@ class GateConfig:
             raise ValueError("gate setting prior_runs must be > 0")
         if self.adjust not in ("holm", "bonferroni", "bh"):
             raise ValueError(f"gate setting adjust must be holm, bonferroni or bh, got {self.adjust!r}")
+        if self.max_runs is None:  # asking for more runs than the default budget raises the budget with it
+            object.__setattr__(self, "max_runs", max(self.min_runs, DEFAULT_MAX_RUNS))
         if not 1 <= self.min_runs <= self.max_runs:
             raise ValueError(f"gate settings need 1 <= min_runs <= max_runs, got {self.min_runs} and {self.max_runs}")
         if self.window is not None and self.window < 1:

@@ -140,8 +140,6 @@ def pytest_configure(config):
                                  ("min_runs", config.getoption(OPT_MIN_RUNS)),
                                  ("max_runs", config.getoption(OPT_MAX_RUNS)),
                                  ("window", config.getoption(OPT_WINDOW))) if v is not None}
-    if "min_runs" in gate_kw and "max_runs" not in gate_kw:  # asking for more runs than the default budget
-        gate_kw["max_runs"] = max(gate_kw["min_runs"], GateConfig.max_runs)
     try:
         gate = GateConfig(allow_env_mismatch=config.getoption(OPT_ALLOW_ENV), **gate_kw)
         root = Path(str(config.rootpath))

@@ -92,8 +92,6 @@ def main(argv=None) -> int:
     from tabulate import tabulate
 
     gate_kw = {k: v for k, v in (("min_runs", ns.min_runs), ("max_runs", ns.max_runs)) if v is not None}
-    if "min_runs" in gate_kw and "max_runs" not in gate_kw:
-        gate_kw["max_runs"] = max(gate_kw["min_runs"], 5)
     jobs = []
     for i, spread in enumerate(ns.spreads):
         for slow in (False, True):

@@ -210,6 +210,7 @@ def test_a_rolling_window_compares_with_the_latest_runs():
     with pytest.raises(ValueError, match="min_runs"):
         GateConfig(min_runs=6, max_runs=5)
     assert GateConfig().looks == (3, 5) and GateConfig(min_runs=1, max_runs=6).looks == (1, 3, 5, 6)
+    assert GateConfig(min_runs=7).max_runs == 7 and GateConfig().max_runs == 5     # the budget follows min_runs
 
 
 def test_pooling_refuses_other_scenarios():
