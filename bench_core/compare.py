@@ -137,6 +137,7 @@ class Comparison:
     method: str | None = None              # what the runs are: stored-baseline runs, or side-by-side rounds
     unusable: bool = False                 # the input can never give a decision (too few samples, a 0 ms median)
     looks: int = 1                         # alpha is split over this many looks at the data
+    looks_at: str | None = None            # where those looks fall, in words ("at 3, 5 candidate runs")
     min_runs: int = 1                      # candidate runs needed before a change is declared
     guard: float | None = None             # log distance a change must exceed: an unlucky baseline's reach
     run_spread: float | None = None        # the run-to-run spread (sd of log run medians) the test used
@@ -272,7 +273,8 @@ def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prio
                    + t_quantile(config.guard_baselines, df) / math.sqrt(k))
     d = float(c_log.mean() - b_log.mean())
     common = {"name": "", "threshold": config.threshold, "baseline_runs": k, "candidate_runs": m,
-              "looks": len(config.looks), "min_runs": config.min_runs, **common}
+              "looks": len(config.looks), "min_runs": config.min_runs,
+              "looks_at": f"at {', '.join(map(str, config.looks))} candidate runs", **common}
     return Comparison(verdict=None, reason="", ratio=math.exp(d), p_value=t_test(d, se, df), df=df, se=se,
                       guard=guard, run_spread=tau, prior=prior.source,
                       baseline_spread=float(np.std(b_log, ddof=1)) if k > 1 else None, **common)
@@ -315,7 +317,7 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     d = math.log(c.ratio)
     lo, hi = (math.exp(v) for v in t_interval(d, c.se, c.df, confidence))
     if c.looks > 1:
-        adjustment += f"; alpha split over {c.looks} looks ({c.min_runs}..{config.max_runs} candidate runs)"
+        adjustment += f"; alpha split over {c.looks} looks" + (f" ({c.looks_at})" if c.looks_at else "")
     c = replace(c, ci_low=lo, ci_high=hi, confidence=confidence, p_adjusted=p_adjusted, adjustment=adjustment)
     thr = c.threshold
     change = f"{c.ratio - 1:+.1%}"
@@ -347,13 +349,17 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     return replace(c, verdict=verdict, reason=why, more_runs=more)
 
 
-def worth_replicating(c: Comparison, config: GateConfig) -> bool:
-    """Could fresh candidate runs, within the budget, turn this into a decision about a slowdown? Only
-    possible slowdowns are chased (they are what fails CI, and each run costs a process): undecided,
-    slower-looking at p < chase_p, and not limited by the baseline alone."""
+def possible_slowdown(c: Comparison, chase_p: float) -> bool:
+    """Undecided, and slower-looking at one-sided p < chase_p: what more evidence is spent on. Only
+    possible slowdowns are chased: they are what fails CI, and the evidence costs time."""
     return (c.verdict == INCONCLUSIVE and not c.unusable and c.ratio is not None and c.ratio > 1
-            and c.p_value is not None and c.p_value < config.chase_p and c.more_runs is not None
-            and c.candidate_runs < config.max_runs)
+            and c.p_value is not None and c.p_value < chase_p)
+
+
+def worth_replicating(c: Comparison, config: GateConfig) -> bool:
+    """Could fresh candidate runs, within the budget, turn this into a decision about a slowdown? A
+    possible slowdown that is not limited by the baseline alone (each run costs a process)."""
+    return possible_slowdown(c, config.chase_p) and c.more_runs is not None and c.candidate_runs < config.max_runs
 
 
 def replicate_until_decided(runs: list, judge: Callable[[list], Comparison],

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .compare import (INCOMPARABLE, INCONCLUSIVE, SLOWER, Comparison, GateConfig, decide_family, estimate, noise_prior,
-                      baseline_warnings, replicate_until_decided, scenario_differences)
+from .compare import (INCOMPARABLE, INCONCLUSIVE, SLOWER, Comparison, GateConfig, baseline_warnings, decide_family,
+                      estimate, noise_prior, possible_slowdown, replicate_until_decided, scenario_differences)
 from .errors import ScenarioError, StorageError
 from .measuring import measure
 from .records import Measurement
@@ -30,18 +30,41 @@ class AgainstConfig:
 
     The threshold is smaller than the stored-baseline gate's: alternated samples in one process reach
     1-2% here, where separate runs drift by 5-29%.
+
+    Sequential: the first look comes after `rounds` rounds; a possible slowdown it leaves undecided runs
+    on, look by look every `rounds` rounds, up to `max_rounds` (3 x rounds unless given), alpha split
+    over the looks. Round-to-round spread here is mostly the pairs' own noise (the set of allocations
+    adds about 0-2%), so more rounds buy precision where they are needed, and unchanged code mostly
+    stops at the first look (benchmarks/against_quality.py measures both).
     """
 
     rev: str
-    rounds: int = 12         # 12 x (1 first call + 4 pairs) x 2 sides = 120 calls: 2.2-2.3x a plain run here
+    rounds: int = 12         # 12 x (1 first call + 4 pairs) x 2 sides = 120 calls at the first look
     pairs: int = 4
     warmup: int = 0          # the first call of each instance (kept apart) already warms it
     seed: int = 0
     threshold: float = 0.02
+    max_rounds: int | None = None
     quick_rounds: int = 3
     quick_pairs: int = 2
     processes: int = 6       # worker mode: pairs of processes (the unit of evidence there)
     process_rounds: int = 2  # worker mode: rounds of fresh instances in each pair
+
+    def __post_init__(self):
+        if self.rounds < 3 or self.pairs < 1:
+            raise ValueError(f"--bench-against needs at least 3 rounds and 1 pair per round, got {self.rounds} "
+                             f"and {self.pairs} (the interval comes from the spread between rounds)")
+        if self.max_rounds is None:
+            object.__setattr__(self, "max_rounds", 3 * self.rounds)
+        if self.max_rounds < self.rounds:
+            raise ValueError(f"--bench-max-rounds ({self.max_rounds}) must be at least --bench-rounds "
+                             f"({self.rounds}); equal to it turns the later looks off")
+
+    def looks(self, quick: bool = False) -> tuple[int, ...]:
+        """The numbers of rounds at which a scenario may be decided."""
+        if quick:
+            return (self.quick_rounds,)
+        return tuple(sorted({*range(self.rounds, self.max_rounds + 1, self.rounds), self.max_rounds}))
 
 
 @dataclass(frozen=True)
@@ -223,14 +246,17 @@ class BenchSession:
         from .sidebyside import run_rounds
 
         a = self.config.against
-        rounds, pairs = (a.quick_rounds, a.quick_pairs) if self.config.quick else (a.rounds, a.pairs)
+        looks, pairs = a.looks(self.config.quick), a.quick_pairs if self.config.quick else a.pairs
         build = {"candidate": lambda r: live if r == 0 else rebuild(r), "baseline": rev_build}
 
-        def sides():
+        def sides(go_on):
             return run_rounds(build, Sampler(scenario.name, backend or backend_for(self.config.device), clock),
-                              rounds=rounds, pairs=pairs, warmup=a.warmup, seed=a.seed)
-        return self._side_by_side(scenario, live, sides, f"{rounds} rounds x {pairs} pairs, fresh instances every "
-                                                         f"round, one process", items, proof, clock, backend)
+                              rounds=looks[0], pairs=pairs, warmup=a.warmup, seed=a.seed, extend_to=looks[1:],
+                              go_on=go_on)
+        how = (f"{looks[0]} rounds" if len(looks) == 1 else
+               f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
+        return self._side_by_side(scenario, live, sides, f"{how} x {pairs} pairs, fresh instances every round, one "
+                                                         f"process", items, proof, clock, backend, looks)
 
     def run_against_workers(self, scenario: Scenario, live, spawn: Mapping[str, Callable[[int], Any]], *,
                             items: int | None = None, proof: Mapping[str, Any] | None = None
@@ -247,14 +273,14 @@ class BenchSession:
         k, rounds = (3, 1) if self.config.quick else (a.processes, a.process_rounds)
         pairs = a.quick_pairs if self.config.quick else a.pairs
 
-        def sides():
+        def sides(go_on):
             return run_processes(spawn, Sampler(scenario.name, CpuBackend()), processes=k, rounds=rounds,
                                  pairs=pairs, seed=a.seed)
         return self._side_by_side(scenario, live, sides, f"{k} pairs of worker processes x {rounds} rounds x "
                                                          f"{pairs} pairs (the code cannot be loaded twice into one "
                                                          f"process)", items, proof, None, None)
 
-    def _side_by_side(self, scenario, live, sides, method, items, proof, clock, backend):
+    def _side_by_side(self, scenario, live, sides, method, items, proof, clock, backend, looks=()):
         from .records import ColdStart, Memory
         from .sampling import set_threads
         from .sidebyside import SideError, estimate_rounds
@@ -263,9 +289,25 @@ class BenchSession:
         scenario = scenario.with_metadata(device=dev)
         threads = set_threads(self.config.threads)
         rev = f"{a.rev} ({self.revision.revision.commit[:12]})"
+        thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
+        gate = replace(self.config.gate, threshold=thr)
+        budget = f"--bench-max-rounds, now {looks[-1]}" if looks else "--bench-rounds"
+
+        def judge(res, timer: str) -> Comparison:
+            first = res if not isinstance(res, list) else res[0]
+            theirs = first.scenarios.get("baseline")
+            diffs = scenario_differences(theirs.with_metadata(device=dev), scenario) if theirs is not None else {}
+            est = estimate_rounds(scenario.name, res, thr, timer=timer, differences=diffs, looks=looks)
+            (c,) = decide_family([est], gate, family_size=self.family_size,
+                                 advice=f"more rounds would narrow it ({budget}), or a quieter runner")
+            return c
+
+        def go_on(res) -> bool:  # in this process: timed as the Measurement below will be
+            return possible_slowdown(judge(res, "cuda_event" if dev == "cuda" else "host"), gate.chase_p)
+
         try:
             with self.limited(scenario):
-                res = sides()
+                res = sides(go_on)
         except SideError as exc:
             if exc.side == "candidate":
                 self.errors.append((scenario.name, exc.problem))
@@ -287,13 +329,7 @@ class BenchSession:
         self.results.append(m)
         if res is None:
             return m, None
-        first = res if not isinstance(res, list) else res[0]
-        theirs = first.scenarios.get("baseline")
-        diffs = scenario_differences(theirs.with_metadata(device=dev), scenario) if theirs is not None else {}
-        thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
-        est = estimate_rounds(scenario.name, res, thr, timer=m.timer, differences=diffs)
-        (c,) = decide_family([est], replace(self.config.gate, threshold=thr), family_size=self.family_size,
-                             advice="more rounds would narrow it (--bench-rounds), or a quieter runner")
+        c = judge(res, m.timer)
         c = replace(c, method=f"side by side with {rev}: {method}")
         self.comparisons.append(c)
         rounds = [r.to_dict() for r in (res if isinstance(res, list) else [res])]

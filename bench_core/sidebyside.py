@@ -90,20 +90,31 @@ class Rounds:
 
 
 def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, *, rounds: int, pairs: int,
-               warmup: int = 1, seed: int = 0, min_rounds: int = 3) -> Rounds:
+               warmup: int = 1, seed: int = 0, min_rounds: int = 3, extend_to: Sequence[int] = (),
+               go_on: Callable[[Rounds], bool] | None = None) -> Rounds:
     """`build[side](round)` makes a fresh instance of that side. Each round: build both (in random order),
     a first (cold) call and `warmup` more of each, kept out of the estimate, then `pairs` pairs, each in
     a random order. Nothing else runs between the two samples of a pair. A failure raises SideError.
     The rounds are the unit of evidence, so there must be `min_rounds` of them (3, for a spread with 2
-    degrees of freedom), unless these rounds are one part of a larger unit (a pair of processes)."""
+    degrees of freedom), unless these rounds are one part of a larger unit (a pair of processes).
+
+    A sequential design: after `rounds` rounds, and at each of `extend_to` in turn, `go_on(rounds so
+    far)` decides whether to run on to the next of `extend_to` (the looks, and the alpha they spend, are
+    the caller's to plan)."""
     if rounds < min_rounds or pairs < 1:
         raise ValueError(f"side by side needs at least {min_rounds} rounds and 1 pair, got {rounds} and {pairs}")
+    if list(extend_to) != sorted(set(extend_to)) or any(n <= rounds for n in extend_to):
+        raise ValueError(f"later looks must grow past {rounds} rounds, got {list(extend_to)}")
     runner = _Runner(build, sampler, random.Random(seed))
     with gc_frozen():
         for r in range(rounds):
             runner.round(r, pairs, warmup)
-    return Rounds(tuple(runner.samples["baseline"]), tuple(runner.samples["candidate"]),
-                  {k: tuple(v) for k, v in runner.cold.items()}, runner.load_ms, seed, runner.scenarios)
+        for target in extend_to:
+            if go_on is None or not go_on(runner.result(seed)):
+                break
+            for r in range(len(runner.samples["baseline"]), target):
+                runner.round(r, pairs, warmup)
+    return runner.result(seed)
 
 
 class _Runner:
@@ -150,11 +161,16 @@ class _Runner:
             self.samples[side].append(tuple(got[side]))
         self.inst.clear()  # this round's instances go before the next round allocates its own
 
+    def result(self, seed: int) -> Rounds:
+        return Rounds(tuple(self.samples["baseline"]), tuple(self.samples["candidate"]),
+                      {k: tuple(v) for k, v in self.cold.items()}, dict(self.load_ms), seed, dict(self.scenarios))
+
 
 def estimate_rounds(name: str, rounds: Rounds | Sequence[Rounds], threshold: float, *, timer: str,
-                    differences: Mapping[str, Any] | None = None) -> Comparison:
+                    differences: Mapping[str, Any] | None = None, looks: Sequence[int] = ()) -> Comparison:
     """The change (candidate / baseline time) with its standard error and p, undecided: hand it to
-    `compare.decide_family`. A zero or non-finite sample makes the comparison inconclusive.
+    `compare.decide_family`. A zero or non-finite sample makes the comparison inconclusive. `looks`: the
+    numbers of rounds at which a sequential run may decide (alpha is split over them).
 
     A sequence of Rounds is one per pair of worker processes: each process keeps a bias of its own for
     all its rounds, so the unit of evidence is then the process pair (the mean of its rounds)."""
@@ -164,7 +180,8 @@ def estimate_rounds(name: str, rounds: Rounds | Sequence[Rounds], threshold: flo
     flat = base_all + cand_all
     n = len(parts[0].baseline) if len(parts) == 1 else len(parts)
     common = dict(name=name, threshold=threshold, baseline_runs=n, candidate_runs=n, timer=timer,
-                  differences=dict(differences or {}),
+                  differences=dict(differences or {}), looks=max(1, len(looks)),
+                  looks_at=f"at {', '.join(map(str, looks))} rounds" if len(looks) > 1 else None,
                   baseline_median=float(np.median(base_all)) if base_all else None,
                   candidate_median=float(np.median(cand_all)) if cand_all else None)
     if differences:

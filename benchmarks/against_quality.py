@@ -12,8 +12,9 @@ a busy-looping process beside it the whole time. Every few trials a plain `pytes
 timed, for the cost ratio.
 
 Reported per condition and workload: false "slower"/"faster" on the A/A, how often the A/A's 95% interval
-(the t-interval over rounds, unadjusted) covers 1.0, how often +5% and +10% are called slower, and the wall
-time of a --bench-against run against a plain run. Raw results go to .bench/against_quality-<time>.json.
+(the t-interval over rounds, unadjusted) covers 1.0, how often +5% and +10% are called slower, the rounds each
+ran (the first look's, or more for a possible slowdown), and the wall time of a --bench-against run against a
+plain run. Raw results go to .bench/against_quality-<time>.json.
 """
 from __future__ import annotations
 
@@ -94,7 +95,15 @@ sys.path.insert(0, str(Path(__file__).parent / "benchmarks"))
 COMPETITOR = "while True:\n    sum(i * i for i in range(100000))\n"
 
 
-def make_repo(root: Path) -> None:
+ISOLATED = '''
+# registered at import: a second copy of this module cannot load into the same process, so
+# --bench-against falls back to worker processes (the mode this variant measures)
+LIB = torch.library.Library("against_quality_isolated", "DEF")
+LIB.define("noop(Tensor x) -> Tensor")
+'''
+
+
+def make_repo(root: Path, isolated: bool = False) -> None:
     env = dict(os.environ, GIT_AUTHOR_NAME="q", GIT_AUTHOR_EMAIL="q@example.invalid", GIT_COMMITTER_NAME="q",
                GIT_COMMITTER_EMAIL="q@example.invalid")
 
@@ -104,11 +113,12 @@ def make_repo(root: Path) -> None:
     (root / "benchmarks").mkdir(parents=True)
     (root / "conftest.py").write_text(CONFTEST)
     (root / "benchmarks" / "test_workloads.py").write_text(textwrap.dedent(TEST))
-    (root / "benchmarks" / "work.py").write_text(WORK_V1)
+    extra = ISOLATED if isolated else ""
+    (root / "benchmarks" / "work.py").write_text(WORK_V1.replace("import torch\n", "import torch\n" + extra, 1))
     git("init", "-q")
     git("add", "-A")
     git("commit", "-qm", "base: 20 units everywhere")
-    (root / "benchmarks" / "work.py").write_text(WORK_V2)
+    (root / "benchmarks" / "work.py").write_text(WORK_V2.replace("import torch\n", "import torch\n" + extra, 1))
     git("commit", "-qam", "same (comment only), plus5 (21 units), plus10 (22 units)")
 
 
@@ -128,14 +138,17 @@ def trial_rows(session_file: Path) -> list[dict]:
     rows = []
     for rec in doc["against"]["scenarios"]:
         c = rec["comparison"]
-        logs = np.asarray(rec["rounds"]["round_log_ratios"])
+        parts = rec["rounds"]   # a list in worker mode: one per pair of processes, the unit of evidence there
+        logs = np.asarray([np.mean(p["round_log_ratios"]) for p in parts] if isinstance(parts, list)
+                          else parts["round_log_ratios"])
         n = logs.size
         se = logs.std(ddof=1) / math.sqrt(n)
         q = st.t.ppf(0.975, n - 1)
         kind, variant = rec["scenario"].rstrip("]").split("[")
         rows.append({"kind": kind, "variant": variant, "verdict": c["verdict"], "ratio": c["ratio"],
                      "ci95": [math.exp(logs.mean() - q * se), math.exp(logs.mean() + q * se)],
-                     "ci_decided": [c["ci_low"], c["ci_high"]], "confidence": c["confidence"]})
+                     "ci_decided": [c["ci_low"], c["ci_high"]], "confidence": c["confidence"], "rounds": n,
+                     "mode": "workers" if isinstance(parts, list) else "one process"})
     return rows
 
 
@@ -146,6 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--pairs", type=int, default=None)
     ap.add_argument("--plain-every", type=int, default=5, help="time a plain run every N trials")
+    ap.add_argument("--isolated", action="store_true",
+                    help="code that cannot load twice (a torch.library registration): measures worker mode")
     ns = ap.parse_args(argv)
     extra = ["--bench-against", "HEAD~1"]
     extra += ["--bench-rounds", str(ns.rounds)] if ns.rounds else []
@@ -153,7 +168,7 @@ def main(argv=None) -> int:
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="against-quality-") as tmp:
         root = Path(tmp) / "repo"
-        make_repo(root)
+        make_repo(root, ns.isolated)
         for cond in ns.conditions.split(","):
             competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if cond == "loaded" else None
             try:
@@ -180,13 +195,20 @@ def main(argv=None) -> int:
             cover = sum(r["ci95"][0] <= 1.0 <= r["ci95"][1] for r in aa)
             det5 = sum(r["verdict"] == "slower" for r in p5)
             det10 = sum(r["verdict"] == "slower" for r in p10)
+
+            def rounds(rs):
+                return f"{np.mean([r['rounds'] for r in rs]):.1f}"
             spread = np.std([math.log(r["ratio"]) for r in aa], ddof=1)
             table.append([cond, kind, f"{false}/{len(aa)}", f"{cover}/{len(aa)}", f"{spread:.1%}",
                           f"{det5}/{len(p5)} (median ratio {np.median([r['ratio'] for r in p5]):.3f})",
                           f"{det10}/{len(p10)} (median ratio {np.median([r['ratio'] for r in p10]):.3f})",
+                          f"{rounds(aa)} / {rounds(p5)} / {rounds(p10)}",
                           f"{np.median(res['wall_against']):.1f} s / {np.median(res['wall_plain']):.1f} s = {cost:.1f}x"])
+    modes = sorted({r["mode"] for res in results.values() for t in res["trials"] for r in t})
+    print(f"mode(s) that ran: {', '.join(modes)} (rounds column: process pairs in worker mode)")
     print(tabulate(table, headers=["condition", "workload", "A/A false calls", "A/A 95% CI covers 1",
                                    "A/A spread of ratio", "+5% called slower", "+10% called slower",
+                                   "rounds run (A/A / +5% / +10%)",
                                    "wall: against / plain"]))
     path = storage.write_stamped_json(Path(".bench"), "against_quality", {"settings": vars(ns), "results": results})
     print(f"written to {path}")

@@ -336,7 +336,7 @@ def test_against_a_revision_fails_only_the_slower_scenario_and_reports_one_sided
     out = " ".join(res.stdout.str().split())     # notes wrap at 120 columns
     assert "gamma: not compared: HEAD (" in out and "broken in the old revision" in out
     assert "delta: measured on the current tree only: test_delta does not exist in HEAD" in out
-    assert "dirty (diff sha256" in out and "5 rounds x 3 pairs" in out
+    assert "dirty (diff sha256" in out and "5 rounds, 15 at most for a possible slowdown (looks at 5, 10, 15) x 3 pairs" in out
     (path,) = (against_repo.path / ".bench" / "results").glob("session-*.json")
     doc = json.loads(path.read_text())
     ag = doc["against"]
@@ -356,7 +356,9 @@ def test_against_a_revision_fails_only_the_slower_scenario_and_reports_one_sided
 @pytest.mark.parametrize("args, needle", [
     (["--bench-against", "no-such-rev"], "*revision 'no-such-rev' is unknown here*"),
     (["--bench-against", "HEAD", "--bench-compare", "main"], "*does not mix with a stored baseline*"),
-    (["--bench-against", "HEAD", "--bench-rounds", "2"], "*--bench-rounds must be >= 3*"),
+    (["--bench-against", "HEAD", "--bench-rounds", "2"], "*needs at least 3 rounds and 1 pair per round, got 2 and 4*"),
+    (["--bench-against", "HEAD", "--bench-rounds", "6", "--bench-max-rounds", "5"],
+     "*--bench-max-rounds (5) must be at least --bench-rounds (6)*"),
 ])
 def test_against_usage_errors_stop_the_session_before_any_work(against_repo, args, needle):
     res = against_repo.runpytest(*args)

@@ -187,3 +187,59 @@ def test_a_worker_serves_fresh_instances_and_samples(tmp_path):
         s = w.sample()
         assert 1.5 < s.host_ms < 50 and s.gpu_ms is None
     assert w.proc.poll() is not None
+
+
+def test_later_looks_run_only_while_go_on_asks_for_them():
+    clock, seen = FakeClock(), []
+
+    def go_on(res):
+        seen.append(len(res.baseline))
+        return len(seen) == 1
+    res = run_rounds(builders(clock, 1.0, 1.1), Sampler("s", CpuBackend(), clock), rounds=3, pairs=2,
+                     extend_to=(6, 9), go_on=go_on)
+    assert seen == [3, 6] and len(res.baseline) == len(res.candidate) == len(res.cold["candidate"]) == 6
+    for bad in ((3,), (9, 6)):
+        with pytest.raises(ValueError, match="later looks must grow past 3 rounds"):
+            run_rounds(builders(clock, 1.0, 1.0), Sampler("s", CpuBackend(), clock), rounds=3, pairs=2, extend_to=bad)
+
+
+def against_session(rounds, max_rounds):
+    from types import SimpleNamespace
+
+    from bench_core.session import AgainstConfig, BenchSession, SessionConfig
+
+    s = BenchSession(SessionConfig(results_dir=None, against=AgainstConfig("HEAD", rounds=rounds, pairs=2,
+                                                                           max_rounds=max_rounds)), {})
+    s.revision = SimpleNamespace(revision=SimpleNamespace(commit="0123456789abcdef"))   # extracted elsewhere
+    s.family_size = 1
+    return s
+
+
+def sequential(seed, cand_ms, rounds=4, max_rounds=12, sd=0.03):
+    """One --bench-against scenario through the session: every instance carries a log-normal bias."""
+    rng = np.random.default_rng(seed)
+    biases = {(s, r): float(np.exp(rng.normal(0, sd))) for s in ("baseline", "candidate") for r in range(max_rounds)}
+    clock = FakeClock()
+    b = builders(clock, 5.0, cand_ms, bias=lambda s, r: biases[(s, r)])
+    s = against_session(rounds, max_rounds)
+    m, c = s.run_against(Scenario("s", ("compute",)), b["candidate"](0), b["candidate"], b["baseline"], clock=clock)
+    return c, s.against_records[0]
+
+
+def test_a_possible_slowdown_runs_on_to_later_looks_and_is_decided_there():
+    c, rec = sequential(seed=11, cand_ms=5.4)     # +8% through a 3% instance bias
+    n = len(rec["rounds"]["samples_host_gpu_ms"]["baseline"])
+    assert n in (8, 12) and c.baseline_runs == n
+    assert c.verdict == SLOWER and c.looks == 3 and "alpha split over 3 looks (at 4, 8, 12 rounds)" in c.adjustment
+    assert "12 at most for a possible slowdown (looks at 4, 8, 12)" in c.method
+    # the same rounds with the later looks turned off: the first look alone leaves it undecided
+    one, rec1 = sequential(seed=11, cand_ms=5.4, max_rounds=4)
+    assert len(rec1["rounds"]["samples_host_gpu_ms"]["baseline"]) == 4 and one.verdict == INCONCLUSIVE
+    assert one.looks == 1 and "looks" not in one.adjustment
+
+
+@pytest.mark.parametrize("cand_ms", [5.0, 4.6])
+def test_unchanged_or_faster_looking_code_stops_at_the_first_look(cand_ms):
+    c, rec = sequential(seed=11, cand_ms=cand_ms)
+    assert len(rec["rounds"]["samples_host_gpu_ms"]["baseline"]) == 4
+    assert c.verdict != SLOWER
