@@ -145,6 +145,7 @@ class Comparison:
     prior: str | None = None               # where the variance prior came from, in words
     more_runs: int | None = None           # inconclusive: candidate runs in all that would likely decide
     notes: tuple[str, ...] = ()            # what weakens this comparison without changing its arithmetic
+    achieved_flops: tuple[float, float] | None = None   # FLOP/s, baseline and current, where both were counted
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -244,6 +245,9 @@ def estimate(
         common["notes"] = common.get("notes", ()) + (
             f"counted FLOPs differ: baseline {sorted(counts['baseline'])} -> current {sorted(counts['current'])} "
             f"per step: the two do different work",)
+    rates = [[r for r in (m.flops_per_s for m in runs) if r is not None] for runs in (baseline, candidate)]
+    if all(rates):   # achieved FLOP/s per side: the median over runs that were counted
+        common["achieved_flops"] = (float(np.median(rates[0])), float(np.median(rates[1])))
     # A throttled GPU looks exactly like slower code: the comparison says so beside its verdict
     hot = [f"{side} run {i}: {flag}" for side, runs in (("baseline", baseline), ("current", candidate))
            for i, m in enumerate(runs) for flag in throttled(m.telemetry)]

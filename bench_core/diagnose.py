@@ -110,7 +110,39 @@ def operator_table(averages, kind: str, found, rows: int = 15) -> str:
             f"\nSelf CPU time total: {total_cpu / 1000:.3f} ms")
 
 
-def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Callable[[], Any] | None = None) -> ProfileResult:
+MATH_OPS = ("mm", "matmul", "conv", "linear", "attention", "einsum")
+
+
+def operator_below_peak(averages, device: str, peak: float | None, share: float = 0.5) -> list[Hypothesis]:
+    """The operator with the most FLOPs (the profiler's estimate) reaching less than `share` of the peak in its
+    profiled time, children included: its shapes or dtype, more than the rest of the step, are what to change."""
+    # Total, not self, time: the profiler puts the FLOPs on the top operator (aten::conv2d) while its kernels
+    # run in children (mkldnn_convolution, the device's kernels).
+    key = "device_time_total" if device == "cuda" else "cpu_time_total"
+    # Only the math the peak is quoted for: elementwise operators are judged by bandwidth, not by FLOP/s.
+    ranked = [a for a in averages if (getattr(a, "flops", 0) or 0) > 0 and (getattr(a, key, 0) or 0) > 0
+              and any(k in str(a.key) for k in MATH_OPS)]
+    if not peak or not ranked:
+        return []
+    top = max(ranked, key=lambda a: a.flops)
+    rate = top.flops / (getattr(top, key) * 1e-6)
+    if rate / peak >= share:
+        return []
+    return [Hypothesis(
+        "op_below_peak",
+        f"{top.key}, the operator with the most FLOPs ({top.flops / 1e9:.3g} GFLOP in {top.count} profiled calls), "
+        f"reaches {rate / 1e12:.3g} TFLOP/s: {rate / peak:.1%} of the {peak / 1e12:.3g} TFLOP/s peak "
+        f"(profiled time, which the profiler inflates a little)",
+        "its shapes or dtype keep it off the peak: small or odd sizes, a transposed or non-contiguous operand, "
+        "float32 where TF32 or bf16 would do",
+        f"time {top.key} alone at these shapes, padded to multiples of 64 and in other dtypes (bench_core.measure), "
+        "then bench_core.ab on the step")]
+
+
+def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Callable[[], Any] | None = None,
+            *, peak_flops: float | None = None, extra: tuple[Hypothesis, ...] = ()) -> ProfileResult:
+    """One profiled pass of the step. `peak_flops` lets the FLOP rules judge utilization (with `with_flops`);
+    `extra` are hypotheses found outside the trace (the counted work's roofline), reported with its own."""
     import torch
     from torch.profiler import ProfilerActivity, profile as tprofile, schedule
 
@@ -137,6 +169,7 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
     doc = storage.profiler_json(prof.export_chrome_trace)
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
     facts, rows = analyze(events)
+    rows = [*extra, *rows, *(operator_below_peak(averages, cfg.device, peak_flops) if cfg.with_flops else [])]
     # Everything this pass shows or writes goes through redaction: the trace (its metadata included), the
     # operator table, the hypotheses, the stage names in the facts, and the scenario name that titles the
     # report and names the file.

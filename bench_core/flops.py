@@ -142,3 +142,43 @@ def cpu_peak(size: int = 1024, repeats: int = 5, clock: Callable[[], float] = ti
         torch.mm(a, b)
         best = min(best, clock() - start)
     return 2.0 * size ** 3 / best if best > 0 else float("nan")
+
+
+def roofline_hypotheses(work: Mapping[str, Any], step_s: float | None, peak: float | None,
+                        bandwidth: float | None, *, compute_share: float = 0.5,
+                        traffic_share: float = 0.3) -> list:
+    """Diagnose rules from the counted work and the measured step: a step that sits under one roof of the
+    roofline but far below it. Counted bytes assume no cache, so "below bandwidth" holds even for that
+    upper bound of the traffic."""
+    from .trace_analysis import Hypothesis
+
+    flops, moved = work.get("flops") or 0, work.get("bytes")
+    if not step_s or step_s <= 0 or not moved:
+        return []
+    # Nothing counted (elementwise work has no formula) but bytes moved: only the memory roof can be judged.
+    roof = bound(flops, moved, peak, bandwidth) or ("memory" if not flops and bandwidth else None)
+    if roof is None:
+        return []
+    where = (f"{flops / moved:.3g} FLOP/byte, the ridge at {peak / bandwidth:.3g}" if flops else
+             "no FLOPs counted, only bytes moved")
+    ops = work.get("by_operator") or {}
+    lead = max(ops.items(), key=lambda kv: kv[1], default=None)
+    if roof == "compute" and flops / step_s / peak < compute_share:
+        share = f"; {lead[0]} does {lead[1] / flops:.0%} of the FLOPs" if lead else ""
+        return [Hypothesis(
+            "below_compute_peak",
+            f"compute-bound ({where}) but at {flops / step_s / peak:.0%} of the {peak / 1e12:.3g} TFLOP/s peak{share}",
+            "the shapes or the dtype keep the math units off their peak (small or odd sizes, float32 where TF32 or "
+            "bf16 would do), or time outside the math (Python, launches) fills the step",
+            f"time {lead[0] if lead else 'the largest operator'} alone at the step's shapes, padded to multiples of "
+            "64 and in other dtypes (bench_core.measure), then bench_core.ab on the step")]
+    if roof == "memory" and moved / step_s / bandwidth < traffic_share:   # bandwidth is known on this path
+        return [Hypothesis(
+            "below_bandwidth",
+            f"memory-bound ({where}) but moving {moved / step_s / bandwidth:.0%} of the {bandwidth / 1e9:.3g} GB/s "
+            f"bandwidth, counting every byte as traffic",
+            "the work is fragmented into many small operators, or overhead (Python, dispatch, launches) rather "
+            "than data movement sets the step's time",
+            "fuse or batch the elementwise work (torch.compile) and compare: "
+            "benchmarks/test_kernels.py::test_fragmented_work, then an A/B validation of the change")]
+    return []

@@ -68,13 +68,14 @@ class ABResult:
     correctness: Mapping[str, Any] | None = None
     state_hash: str | None = None
     environment: Mapping[str, Any] = field(default_factory=dict)
+    flops: Mapping[str, int] = field(default_factory=dict)   # counted FLOPs per step, per side (absent: not counted)
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items()}
         d["baseline_ms"], d["candidate_ms"] = list(self.baseline_ms), list(self.candidate_ms)
         d["baseline_summary"] = summarize(self.baseline_ms).to_dict() if self.baseline_ms else None
         d["candidate_summary"] = summarize(self.candidate_ms).to_dict() if self.candidate_ms else None
-        for k in ("cold_start_ms", "params", "identities", "environment"):
+        for k in ("cold_start_ms", "params", "identities", "environment", "flops"):
             d[k] = dict(d[k])
         return d
 

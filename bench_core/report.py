@@ -251,6 +251,9 @@ def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str =
              for c in comparisons if c.verdict != "unchanged"]
     notes += [f"to decide the inconclusive ones: {a}" for a in shared]
     notes += [f"{c.name}: warning: {n}" for c in comparisons for n in c.notes]
+    notes += [f"{c.name}: achieved {_flops(c.achieved_flops[0], per_s=True)} -> {_flops(c.achieved_flops[1], per_s=True)} "
+              f"({c.achieved_flops[1] / c.achieved_flops[0] - 1:+.1%}; counted FLOPs over the median step)"
+              for c in comparisons if c.achieved_flops and c.achieved_flops[0] > 0]
     methods = sorted({c.adjustment for c in comparisons if c.adjustment})
     foot = (f"\np-values adjusted by {'; '.join(methods) or 'nothing (no scenario was decidable)'}; alpha={alpha}; "
             f"each interval is at the level its verdict was decided at")
@@ -271,7 +274,23 @@ def decisions_table(decisions, fmt: str = "simple", wide: bool = False) -> str:
     levels = {1.0 - float((r.params or {}).get("alpha", 0.01)) for _, r in decisions}
     interval = f"speedup [{levels.pop():.0%} CI]" if len(levels) == 1 else "speedup [CI at 1 - alpha]"
     return fit(["comparison", "baseline ms", "candidate ms", interval, "p", "pairs", "correct", "verdict"],
-               rows, wide=wide, fmt=fmt, foldable=("pairs", "correct"), droppable=("p", "baseline ms", "candidate ms")) + below([SPEEDUP_MEANS], wide)
+               rows, wide=wide, fmt=fmt, foldable=("pairs", "correct"), droppable=("p", "baseline ms", "candidate ms")
+               ) + below([SPEEDUP_MEANS, *(line for name, r in decisions for line in work_lines(name, r))], wide)
+
+
+def work_lines(name: str, r) -> list[str]:
+    """An A/B's counted work in words: each side's achieved FLOP/s, and a warning when the counts differ."""
+    f = r.flops or {}
+    if set(f) != {"baseline", "candidate"} or not r.baseline_ms or not r.candidate_ms:
+        return []
+    rate = {side: f[side] / (summarize(ms).median / 1e3) for side, ms in (("baseline", r.baseline_ms),
+                                                                           ("candidate", r.candidate_ms))}
+    out = [f"{name}: achieved {_flops(rate['baseline'], per_s=True)} -> {_flops(rate['candidate'], per_s=True)} "
+           f"(counted FLOPs over the median step)"]
+    if f["baseline"] != f["candidate"]:
+        out.append(f"{name}: warning: counted FLOPs differ: baseline {f['baseline']} -> candidate {f['candidate']} "
+                   f"per step: the two do different work")
+    return out
 
 
 MARKDOWN_LIMIT = 1_000_000   # GitHub's job summary takes at most 1 MiB; leave room for other steps

@@ -176,31 +176,45 @@ class BenchSession:
 
     def _run(self, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs) -> tuple[Measurement, Comparison | None]:
         first = self.measure(scenario, fn, **kwargs)
+        if self.config.count_flops:  # after the timed window, profiler-free: one more step, counted
+            first = self.count_work(first, fn, kwargs.get("setup"))   # before the gate, which compares the counts
         counts = self.counts(kwargs.get("warmup"), kwargs.get("repeats"))
         m, c = self.gate(first, None if replicate is None else lambda: replicate(*counts))
-        if self.config.count_flops:  # after every timed window, profiler-free: one more step, counted
-            m = self.count_work(m, fn, kwargs.get("setup"))
         self.results.append(m)
         if self.config.profile is not None:  # after the measurement, never inside it
             from .diagnose import profile
+            from .flops import roofline_hypotheses
 
-            self.profiles.append(profile(scenario.name, fn, self.config.profile, setup=kwargs.get("setup")))
+            if self.config.profile.with_flops:
+                self.measure_cpu_roofs()
+            peak = self.peak_flops(m)
+            roof = () if m.work is None else tuple(roofline_hypotheses(m.work, m.summary.median / 1e3, peak,
+                                                                       self.bandwidth(m)))
+            self.profiles.append(profile(scenario.name, fn, self.config.profile, setup=kwargs.get("setup"),
+                                         peak_flops=peak, extra=roof))
         return m, c
 
     def count_work(self, m: Measurement, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> Measurement:
         """The result with its counted work; on the CPU the machine's matmul peak is measured once, for the
         utilization figure, and kept in the environment."""
-        from .flops import count, cpu_bandwidth, cpu_peak
+        from .flops import count
 
         try:
             work = count(fn, setup)
         except Exception as exc:  # noqa: BLE001 - a step the counter cannot run is not counted, and says why
             self.uncounted.append(f"{m.name}: FLOPs not counted: {type(exc).__name__}: {exc}")
             return m
+        self.measure_cpu_roofs()
+        return replace(m, work=work.to_dict())
+
+    def measure_cpu_roofs(self) -> None:
+        """On the CPU, the machine's matmul peak and copy bandwidth, measured once per session (outside every
+        timed window) and kept in the environment: the roofs utilization is a share of."""
+        from .flops import cpu_bandwidth, cpu_peak
+
         if self.config.device == "cpu" and "cpu_peak_flops" not in self.environment:
             self.environment["cpu_peak_flops"] = cpu_peak()
             self.environment["cpu_bandwidth_bytes_per_s"] = cpu_bandwidth()
-        return replace(m, work=work.to_dict())
 
     def bandwidth(self, m: Measurement) -> float | None:
         """Memory bandwidth, bytes/s, for the roofline: a known GPU's, or the CPU's measured copy rate."""
@@ -437,6 +451,16 @@ class BenchSession:
         except ScenarioError as exc:
             self.errors.append((name, exc.problem))
             raise
+        if self.config.count_flops:  # after the A/B, profiler-free: one more step of each side, counted
+            from .flops import count
+
+            counted = {}
+            for side, fn in (("baseline", baseline), ("candidate", candidate)):
+                try:
+                    counted[side] = count(fn if rounds is None else fn()).flops
+                except Exception as exc:  # noqa: BLE001 - not counted, and says why; the A/B stands
+                    self.uncounted.append(f"{name} ({side}): FLOPs not counted: {type(exc).__name__}: {exc}")
+            res = replace(res, flops=counted)
         self.decisions.append((name, res))
         return res
 

@@ -26,7 +26,11 @@ JSON files (session results, baselines and A/B decision records share the versio
     clocks, clock event (throttle) reasons, temperature, power and other processes just before and after
     its window, from NVML, and the `flags` they raise (absent: not observed); and `work`: its counted
     FLOPs in all, per operator and per module, and the operators without a FLOP formula with their calls
-    (absent: not counted). Versions 1 and 2 are read as before.
+    (absent: not counted). Versions 1 and 2 are read as before. Added later within version 3, each optional:
+    a comparison's `looks_at` (where its looks fall, in words) and `achieved_flops` (baseline and current
+    FLOP/s, where both were counted); an A/B record's `flops` (counted FLOPs per step, per side); under
+    `--bench-against`, a scenario's rounds may run past the first look (sequential: the comparison's
+    `looks` and `looks_at` say where it could stop).
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,

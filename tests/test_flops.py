@@ -113,3 +113,85 @@ def test_the_roof_a_step_sits_under_and_the_cpus_measured_bandwidth():
     m = replace(m, work={"flops": 4_000_000_000, "bytes": 8_000_000_000, "by_operator": {"aten.mm": 4_000_000_000}})
     text = " ".join(work_table([m], lambda _: 4e12, bandwidth_of=lambda _: 1e12).split())
     assert "0.5 (memory-bound)" in text                      # 0.5 FLOP/byte under a ridge of 4
+
+
+def test_through_the_session_a_gated_candidate_doing_different_work_is_flagged_with_its_achieved_rates(tmp_path):
+    # the work is counted before the gate decides: counted after it, the gate never saw the candidate's count
+    from bench_core.session import BenchSession, SessionConfig
+    from helpers import ENV
+
+    def session(**kw):
+        return BenchSession(SessionConfig(results_dir=None, baselines_dir=tmp_path, repeats=5, warmup=0,
+                                          count_flops=True, **kw), ENV)
+
+    def step(n, clock):
+        a = torch.randn(n, n)
+        return lambda: (a @ a, clock.advance_ms(2.0))
+
+    for i in range(3):
+        s, clock = session(save="main", append=i > 0), FakeClock()
+        s.run(Scenario("mm", ("compute",)), step(16, clock), clock=clock)
+        s.finish()
+    s, clock = session(compare="main"), FakeClock()
+    _, c = s.run(Scenario("mm", ("compute",)), step(32, clock), clock=clock)
+    assert any(f"baseline [{2 * 16 ** 3}] -> current [{2 * 32 ** 3}]" in n for n in c.notes)
+    assert c.achieved_flops == pytest.approx((2 * 16 ** 3 / 2e-3, 2 * 32 ** 3 / 2e-3))
+    from bench_core.report import comparison_table
+
+    text = " ".join(comparison_table([c], 0.01, wide=True).split())
+    assert "mm: achieved 4.1 MFLOP/s -> 32.8 MFLOP/s (+700.0%; counted FLOPs over the median step)" in text
+
+
+def test_roofline_rules_name_a_step_far_below_the_roof_it_sits_under():
+    from bench_core.flops import roofline_hypotheses
+
+    peak, bw = 1e12, 1e11                     # ridge at 10 FLOP/byte
+    mm = {"flops": 2e9, "bytes": 1e7, "by_operator": {"aten.mm": 1.8e9, "aten.add": 2e8}}   # 200 FLOP/byte
+    (h,) = roofline_hypotheses(mm, 0.02, peak, bw)                      # 1e11 FLOP/s: 10% of peak
+    assert h.rule == "below_compute_peak" and "at 10% of the 1 TFLOP/s peak" in h.observation
+    assert "aten.mm does 90% of the FLOPs" in h.observation and "aten.mm alone" in h.next_check
+    assert roofline_hypotheses(mm, 0.0025, peak, bw) == []               # 80% of peak: nothing to say
+    ew = {"flops": 1e6, "bytes": 1e8, "by_operator": {}}                 # 0.01 FLOP/byte: memory-bound
+    (h,) = roofline_hypotheses(ew, 0.1, peak, bw)                       # 1e9 B/s: 1% of bandwidth
+    assert h.rule == "below_bandwidth" and "moving 1% of the 100 GB/s" in h.observation
+    assert roofline_hypotheses(ew, 0.002, peak, bw) == []                # 50% of bandwidth
+    (none,) = roofline_hypotheses({"flops": 0, "bytes": 1e8}, 0.1, None, bw)   # nothing counted: bytes alone
+    assert none.rule == "below_bandwidth" and "no FLOPs counted, only bytes moved" in none.observation
+    assert roofline_hypotheses(ew, 0.1, None, None) == roofline_hypotheses({"flops": 0}, 0.1, peak, bw) == []
+
+
+def test_the_operator_with_most_flops_below_its_peak_is_named_from_the_profilers_figures():
+    from types import SimpleNamespace as NS
+
+    from bench_core.diagnose import operator_below_peak
+
+    avg = [NS(key="aten::mm", flops=4e9, count=3, cpu_time_total=20_000.0, device_time_total=1000.0),
+           NS(key="aten::mul", flops=8e9, count=3, cpu_time_total=1e6, device_time_total=1e6),   # judged
+           NS(key="aten::add", flops=1e6, count=3, cpu_time_total=5.0, device_time_total=1.0),   # by bytes
+           NS(key="aten::relu", flops=0, count=3, cpu_time_total=50.0, device_time_total=1.0)]
+    (h,) = operator_below_peak(avg, "cpu", 1e12)       # 4e9 FLOP in 20 ms: 0.2 TFLOP/s, 20% of peak
+    assert h.rule == "op_below_peak" and h.observation.startswith("aten::mm, the operator with the most FLOPs")
+    assert "reaches 0.2 TFLOP/s: 20.0% of the 1 TFLOP/s peak" in h.observation
+    assert operator_below_peak(avg, "cuda", 1e12) == []          # on the device: 4 TFLOP/s, beyond the peak given
+    assert operator_below_peak(avg, "cpu", None) == [] and operator_below_peak(avg[1:], "cpu", 1e12) == []
+
+
+def test_an_ab_counts_both_sides_once_and_says_when_they_do_different_work():
+    from bench_core.report import decisions_table
+    from bench_core.session import BenchSession, SessionConfig
+    from helpers import ENV
+
+    s = BenchSession(SessionConfig(results_dir=None, count_flops=True), ENV)
+    clock = FakeClock()
+    a16, a32 = torch.randn(16, 16), torch.randn(32, 32)
+    res = s.ab("mm", lambda: (a16 @ a16, clock.advance_ms(1.0)), lambda: (a32 @ a32, clock.advance_ms(2.0)),
+               repeats=6, warmup=0, clock=clock)
+    assert dict(res.flops) == {"baseline": 2 * 16 ** 3, "candidate": 2 * 32 ** 3}
+    assert res.to_dict()["flops"] == {"baseline": 8192, "candidate": 65536}
+    text = " ".join(decisions_table(s.decisions, wide=True).split())
+    assert "mm: achieved 8.19 MFLOP/s -> 32.8 MFLOP/s" in text
+    assert "mm: warning: counted FLOPs differ: baseline 8192 -> candidate 65536 per step" in text
+    plain = BenchSession(SessionConfig(results_dir=None), ENV).ab("mm", lambda: clock.advance_ms(1.0),
+                                                                    lambda: clock.advance_ms(1.0), repeats=6,
+                                                                    warmup=0, clock=clock)
+    assert dict(plain.flops) == {}                                 # not asked for: not counted, never zero
