@@ -344,7 +344,8 @@ class BenchSession:
         if res is None:
             return m, None
         c = judge(res, m.timer)
-        c = replace(c, method=f"side by side with {rev}: {method}")
+        ran = f"; {len(res.baseline)} rounds ran" if len(looks) > 1 and not isinstance(res, list) else ""
+        c = replace(c, method=f"side by side with {rev}: {method}{ran}")
         self.comparisons.append(c)
         rounds = [r.to_dict() for r in (res if isinstance(res, list) else [res])]
         self.against_records.append({"scenario": scenario.name, "comparison": c.to_dict(), "method": c.method,

@@ -84,6 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--spreads", type=float, nargs="+", default=[0.03, 0.08, 0.15])
     ap.add_argument("--min-runs", type=int, default=None)
     ap.add_argument("--max-runs", type=int, default=None)
+    ap.add_argument("--guard-rate", type=float, default=None, help="GateConfig.guard_rate (the candidate's share)")
+    ap.add_argument("--guard-baselines", type=float, default=None, help="GateConfig.guard_baselines")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-save", action="store_true")
@@ -91,7 +93,8 @@ def main(argv=None) -> int:
 
     from tabulate import tabulate
 
-    gate_kw = {k: v for k, v in (("min_runs", ns.min_runs), ("max_runs", ns.max_runs)) if v is not None}
+    gate_kw = {k: v for k, v in (("min_runs", ns.min_runs), ("max_runs", ns.max_runs), ("guard_rate", ns.guard_rate),
+                                 ("guard_baselines", ns.guard_baselines)) if v is not None}
     jobs = []
     for i, spread in enumerate(ns.spreads):
         for slow in (False, True):
@@ -121,7 +124,7 @@ def main(argv=None) -> int:
 
     g = GateConfig(**gate_kw)
     print(f"gate: alpha={g.alpha}, threshold={g.threshold:.0%}, min_runs={g.min_runs}, max_runs={g.max_runs} "
-          f"(looks at {list(g.looks)}), guard {g.guard_rate:.0%}/{g.guard_baselines:.0%}; false alarms over "
+          f"(looks at {list(g.looks)}), guard {g.guard_rate:.1%}/{g.guard_baselines:.1%}; false alarms over "
           f"{ns.baselines} fixed baselines x {ns.candidates} candidates; detection over {ns.detect_trials} "
           f"candidates per cell")
     print(tabulate(rows, headers=headers, tablefmt="github"))
