@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from .errors import InvalidRecord
 from .scenario import Scenario
-from .stats import Summary, summarize
+from .stats import Summary, per_second, summarize
 
 MODES = ("per_call", "block")
 DEVICES = ("cpu", "cuda")
@@ -167,16 +167,12 @@ class Measurement:
         """Items per second at the median of the primary figure; None without `items` or at 0 ms."""
         if self.items is None:
             return None
-        med = self.summary.median
-        return self.items / (med / 1e3) if med > 0 else None
+        return per_second(self.items, self.summary.median)
 
     @property
     def flops_per_s(self) -> float | None:
         """Achieved FLOP/s at the median of the primary figure; None when not counted or at 0 ms."""
-        if self.work is None:
-            return None
-        med = self.summary.median
-        return self.work["flops"] / (med / 1e3) if med > 0 else None
+        return None if self.work is None else per_second(self.work["flops"], self.summary.median)
 
     def pooled_with(self, *others: "Measurement") -> "Measurement":
         """One measurement holding this one's samples and the others' (same scenario, device, mode)."""

@@ -14,7 +14,7 @@ from tabulate import tabulate
 
 from .compare import Comparison
 from .records import Measurement
-from .stats import clusters, summarize
+from .stats import clusters, per_second, summarize
 
 NOT_OBSERVED = "n/o"  # not observed is not zero
 WIDTH = 120           # terminals, CI logs and pull-request comments wrap beyond this
@@ -206,8 +206,9 @@ def resource_rows(results: Sequence[Measurement], data_wait: dict[str, float] | 
         shapes = m.scenario.metadata.get("shapes")
         copied = shapes.get("bytes") if isinstance(shapes, Mapping) else None
         h2d = NOT_OBSERVED
-        if "transfer" in m.scenario.window and isinstance(copied, int) and m.summary.median > 0:
-            h2d = f"{copied / (m.summary.median / 1e3) / 1e9:.2f} GB/s"
+        rate = per_second(copied, m.summary.median) if isinstance(copied, int) else None
+        if "transfer" in m.scenario.window and rate is not None:
+            h2d = f"{rate / 1e9:.2f} GB/s"
         wait = (data_wait or {}).get(m.name)
         rows.append([m.name, _bytes(m.memory.peak_allocated_bytes), _bytes(m.memory.window_peak_bytes),
                      _rate(m.throughput), h2d, NOT_OBSERVED if wait is None else f"{wait:.0%}"])
@@ -283,8 +284,8 @@ def work_lines(name: str, r) -> list[str]:
     f = r.flops or {}
     if set(f) != {"baseline", "candidate"} or not r.baseline_ms or not r.candidate_ms:
         return []
-    rate = {side: f[side] / (summarize(ms).median / 1e3) for side, ms in (("baseline", r.baseline_ms),
-                                                                           ("candidate", r.candidate_ms))}
+    rate = {side: per_second(f[side], summarize(ms).median) for side, ms in (("baseline", r.baseline_ms),
+                                                                              ("candidate", r.candidate_ms))}
     out = [f"{name}: achieved {_flops(rate['baseline'], per_s=True)} -> {_flops(rate['candidate'], per_s=True)} "
            f"(counted FLOPs over the median step)"]
     if f["baseline"] != f["candidate"]:

@@ -37,6 +37,11 @@ class Summary:
         return dict(self.__dict__)
 
 
+def per_second(amount: float, median_ms: float) -> float | None:
+    """A rate at the median step (items, FLOPs, bytes per second); None at 0 ms, where there is no rate."""
+    return amount / (median_ms / 1e3) if median_ms > 0 else None
+
+
 def summarize(samples: Sequence[float]) -> Summary:
     """Summary figures of a sample; at least one point, every one finite."""
     x = np.asarray(samples, dtype=float)

@@ -195,3 +195,14 @@ def test_an_ab_counts_both_sides_once_and_says_when_they_do_different_work():
                                                                     lambda: clock.advance_ms(1.0), repeats=6,
                                                                     warmup=0, clock=clock)
     assert dict(plain.flops) == {}                                 # not asked for: not counted, never zero
+
+
+def test_a_rate_at_zero_ms_is_not_observed_never_a_division_by_zero():
+    from types import SimpleNamespace as NS
+
+    from bench_core.report import work_lines
+    from bench_core.stats import per_second
+
+    assert per_second(10, 0.0) is None and per_second(10, 2.0) == 5000.0
+    r = NS(flops={"baseline": 8, "candidate": 8}, baseline_ms=(0.0, 0.0), candidate_ms=(2.0, 2.0))
+    assert work_lines("z", r) == ["z: achieved n/o -> 4 kFLOP/s (counted FLOPs over the median step)"]
