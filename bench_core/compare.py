@@ -106,7 +106,13 @@ class GateConfig:
     def looks(self) -> tuple[int, ...]:
         """The numbers of candidate runs at which a change may be declared: min_runs, then every second
         run up to max_runs (each look spends alpha / len(looks))."""
-        return tuple(sorted({*range(self.min_runs, self.max_runs + 1, 2), self.max_runs}))
+        return planned_looks(self.min_runs, self.max_runs, 2)
+
+
+def planned_looks(first: int, last: int, every: int) -> tuple[int, ...]:
+    """The amounts of evidence (runs, rounds) at which a sequential decision may stop: `first`, then every
+    `every` more, and `last`. Alpha is split over all of them, whether or not they are reached."""
+    return tuple(sorted({*range(first, last + 1, every), last}))
 
 
 @dataclass(frozen=True)

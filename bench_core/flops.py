@@ -144,6 +144,11 @@ def cpu_peak(size: int = 1024, repeats: int = 5, clock: Callable[[], float] = ti
     return 2.0 * size ** 3 / best if best > 0 else float("nan")
 
 
+def leading_operator(work: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(operator, FLOPs) of the counted operator with the most FLOPs, or None when none was counted."""
+    return max((work.get("by_operator") or {}).items(), key=lambda kv: kv[1], default=None)
+
+
 def roofline_hypotheses(work: Mapping[str, Any], step_s: float | None, peak: float | None,
                         bandwidth: float | None, *, compute_share: float = 0.5,
                         traffic_share: float = 0.3) -> list:
@@ -161,8 +166,7 @@ def roofline_hypotheses(work: Mapping[str, Any], step_s: float | None, peak: flo
         return []
     where = (f"{flops / moved:.3g} FLOP/byte, the ridge at {peak / bandwidth:.3g}" if flops else
              "no FLOPs counted, only bytes moved")
-    ops = work.get("by_operator") or {}
-    lead = max(ops.items(), key=lambda kv: kv[1], default=None)
+    lead = leading_operator(work)
     if roof == "compute" and flops / step_s / peak < compute_share:
         share = f"; {lead[0]} does {lead[1] / flops:.0%} of the FLOPs" if lead else ""
         return [Hypothesis(

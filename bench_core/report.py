@@ -161,14 +161,13 @@ def work_table(results: Sequence[Measurement], peak_of, wide: bool = False, band
     """Counted FLOPs per step, achieved FLOP/s at the median, the share of the peak (`peak_of(m)`, FLOP/s or
     None), the arithmetic intensity and the roof it sits under (`bandwidth_of(m)`, bytes/s or None), the
     leading operator, and what was not counted."""
-    from .flops import bound
+    from .flops import bound, leading_operator
     rows, notes = [], []
     for m in results:
         if m.work is None:
             rows.append([m.name, "not counted", "-", "-", "-", "-"])
             continue
-        ops = m.work.get("by_operator") or {}
-        lead = max(ops.items(), key=lambda kv: kv[1]) if ops else None
+        lead = leading_operator(m.work)
         moved = m.work.get("bytes")
         intensity = "-" if not moved or not m.work["flops"] else f"{m.work['flops'] / moved:.3g}"
         peak = peak_of(m)
@@ -241,6 +240,15 @@ def comparison_row(c: Comparison) -> list[str]:
             f"{c.baseline_runs}/{c.candidate_runs}{spread}", c.verdict]
 
 
+def comparison_notes(comparisons: Sequence[Comparison]) -> list[str]:
+    """What each comparison says beside its verdict: its warnings, and each side's achieved FLOP/s where both
+    were counted. The terminal and the Markdown report show the same lines."""
+    out = [f"{c.name}: warning: {n}" for c in comparisons for n in c.notes]
+    return out + [f"{c.name}: achieved {_flops(c.achieved_flops[0], per_s=True)} -> "
+                  f"{_flops(c.achieved_flops[1], per_s=True)} ({c.achieved_flops[1] / c.achieved_flops[0] - 1:+.1%}; "
+                  f"counted FLOPs over the median step)" for c in comparisons if c.achieved_flops and c.achieved_flops[0] > 0]
+
+
 def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str = "simple", wide: bool = False) -> str:
     body = fit(COMPARE_HEADERS, [comparison_row(c) for c in comparisons], wide=wide, fmt=fmt,
                foldable=("runs b/c (b spread)",), droppable=COMPARE_DROPPABLE)
@@ -251,10 +259,7 @@ def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str =
     notes = [f"{c.name}: {c.verdict}: {split[c.name][0] if split.get(c.name, ['', ''])[1] in shared else c.reason}"
              for c in comparisons if c.verdict != "unchanged"]
     notes += [f"to decide the inconclusive ones: {a}" for a in shared]
-    notes += [f"{c.name}: warning: {n}" for c in comparisons for n in c.notes]
-    notes += [f"{c.name}: achieved {_flops(c.achieved_flops[0], per_s=True)} -> {_flops(c.achieved_flops[1], per_s=True)} "
-              f"({c.achieved_flops[1] / c.achieved_flops[0] - 1:+.1%}; counted FLOPs over the median step)"
-              for c in comparisons if c.achieved_flops and c.achieved_flops[0] > 0]
+    notes += comparison_notes(comparisons)
     methods = sorted({c.adjustment for c in comparisons if c.adjustment})
     foot = (f"\np-values adjusted by {'; '.join(methods) or 'nothing (no scenario was decidable)'}; alpha={alpha}; "
             f"each interval is at the level its verdict was decided at")

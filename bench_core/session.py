@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .compare import (INCOMPARABLE, INCONCLUSIVE, SLOWER, Comparison, GateConfig, baseline_warnings, decide_family,
-                      estimate, noise_prior, possible_slowdown, replicate_until_decided, scenario_differences)
+                      estimate, noise_prior, planned_looks, possible_slowdown, replicate_until_decided,
+                      scenario_differences)
 from .errors import ScenarioError, StorageError
 from .measuring import measure
 from .records import Measurement
@@ -64,7 +65,7 @@ class AgainstConfig:
         """The numbers of rounds at which a scenario may be decided."""
         if quick:
             return (self.quick_rounds,)
-        return tuple(sorted({*range(self.rounds, self.max_rounds + 1, self.rounds), self.max_rounds}))
+        return planned_looks(self.rounds, self.max_rounds, self.rounds)
 
 
 @dataclass(frozen=True)
@@ -595,12 +596,12 @@ class BenchSession:
         return f"{len(written)} distribution plot(s) written to {self.config.plots}"
 
     def _write_markdown(self) -> str:
-        from .report import markdown
+        from .report import comparison_notes, markdown
 
         notes = [f"{n}: {t}" for n, t in self.one_side]
         notes += sorted({c.method for c in self.comparisons if c.method})
         notes += [f"warning: {n}" for n in self.baseline_notes]
-        notes += [f"{c.name}: warning: {n}" for c in self.comparisons for n in c.notes]
+        notes += comparison_notes(self.comparisons)
         text = markdown(f"bench_core: {self.compared_with or 'results'}",
                         self.outcome() if self.compared_with else None, self.comparisons,
                         [c for c in self.comparisons if self.fails(c)], self.results, self.errors, self.decisions, notes)

@@ -132,7 +132,7 @@ def test_through_the_session_a_gated_candidate_doing_different_work_is_flagged_w
         s, clock = session(save="main", append=i > 0), FakeClock()
         s.run(Scenario("mm", ("compute",)), step(16, clock), clock=clock)
         s.finish()
-    s, clock = session(compare="main"), FakeClock()
+    s, clock = session(compare="main", markdown=tmp_path / "summary.md"), FakeClock()
     _, c = s.run(Scenario("mm", ("compute",)), step(32, clock), clock=clock)
     assert any(f"baseline [{2 * 16 ** 3}] -> current [{2 * 32 ** 3}]" in n for n in c.notes)
     assert c.achieved_flops == pytest.approx((2 * 16 ** 3 / 2e-3, 2 * 32 ** 3 / 2e-3))
@@ -140,6 +140,9 @@ def test_through_the_session_a_gated_candidate_doing_different_work_is_flagged_w
 
     text = " ".join(comparison_table([c], 0.01, wide=True).split())
     assert "mm: achieved 4.1 MFLOP/s -> 32.8 MFLOP/s (+700.0%; counted FLOPs over the median step)" in text
+    s.finish()
+    md = (tmp_path / "summary.md").read_text()    # the Markdown report says the same beside the verdict
+    assert "- mm: achieved 4.1 MFLOP/s -> 32.8 MFLOP/s (+700.0%" in md and "counted FLOPs differ" in md
 
 
 def test_roofline_rules_name_a_step_far_below_the_roof_it_sits_under():
