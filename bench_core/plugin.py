@@ -48,6 +48,10 @@ OPT_AGAINST = "--bench-against"
 OPT_ROUNDS = "--bench-rounds"
 OPT_PAIRS = "--bench-pairs"
 OPT_MAX_ROUNDS = "--bench-max-rounds"
+OPT_NPROC = "--bench-nproc"
+OPT_NNODES = "--bench-nnodes"
+OPT_NODE_RANK = "--bench-node-rank"
+OPT_RDZV = "--bench-rdzv-endpoint"
 
 _KEY = pytest.StashKey["object"]()
 _STORED = pytest.StashKey["object"]()   # finish()'s lines, or the exception that stopped it
@@ -107,6 +111,16 @@ def pytest_addoption(parser):
     g.addoption(OPT_MAX_ROUNDS, type=int, default=None,
                 help="with --bench-against: a possible slowdown the first look leaves undecided runs on, a look every "
                      "--bench-rounds rounds, up to this many (3 x --bench-rounds; equal to it: one look)")
+    g.addoption(OPT_NPROC, type=int, default=None, metavar="N",
+                help="distributed scenarios: ranks on this host (default: each scenario's own, 2); under --gpu one GPU "
+                     "per rank")
+    g.addoption(OPT_NNODES, type=int, default=1, metavar="N",
+                help="distributed scenarios over N hosts: run the same suite on each, with the same "
+                     f"{OPT_RDZV}; needs {OPT_NPROC}")
+    g.addoption(OPT_NODE_RANK, type=int, default=0, metavar="K", help="this host's index among --bench-nnodes (0: "
+                                                                    "hosts the rendezvous)")
+    g.addoption(OPT_RDZV, default=None, metavar="HOST:PORT",
+                help="where the hosts of a multi-host run meet (node 0's address and a free port)")
     g.addoption(OPT_PB_JSON, default=None, help="also write the results in pytest-benchmark's JSON format here")
     g.addoption(OPT_REF_SAVE, action="store_true",
                 help="save reference files (starting state + baseline outputs) for bench.reference checks")
@@ -183,6 +197,7 @@ def pytest_configure(config):
             wide=config.getoption(OPT_WIDE),
             plots=root / config.getoption(OPT_PLOTS) if config.getoption(OPT_PLOTS) else None,
             count_flops=config.getoption(OPT_FLOPS), peak_tflops=config.getoption(OPT_PEAK),
+            topology=_topology(config),
         )
         if scfg.plots is not None:  # found now, not after minutes of measuring
             from bench_core.plots import NEEDS, available
@@ -202,6 +217,20 @@ def pytest_configure(config):
 
 
 CPU_DEFAULT_THREADS = 1
+
+
+def _topology(config):
+    """The command line's placement of distributed ranks, or None: each scenario's own world size, one host."""
+    from bench_core.distributed import Topology
+
+    nproc, nnodes = config.getoption(OPT_NPROC), config.getoption(OPT_NNODES)
+    endpoint, node_rank = config.getoption(OPT_RDZV), config.getoption(OPT_NODE_RANK)
+    if nproc is None:
+        if nnodes != 1 or endpoint is not None or node_rank != 0:
+            raise ValueError(f"{OPT_NNODES}, {OPT_NODE_RANK} and {OPT_RDZV} place ranks on several hosts: give "
+                             f"{OPT_NPROC} too (ranks per host, the same on every host)")
+        return None
+    return Topology(nproc, nnodes, node_rank, endpoint)
 
 
 def _threads(value, device: str) -> int | None:
@@ -285,6 +314,10 @@ class BenchFixture:
                 m, c = self._session.run(scenario, fn, replicate=replicate, **kwargs)
         except ScenarioError as exc:
             pytest.fail(self._session.shown(str(exc)), pytrace=False)
+        return self._reported(m, c)
+
+    def _reported(self, m, c):
+        """The result on this test's report, and its failure when the gate says so."""
         from bench_core.report import session_table
 
         s = m.summary
@@ -301,6 +334,27 @@ class BenchFixture:
                 pytest.fail(self._session.shown(f"scenario {m.name!r}: {c.verdict} against "
                                                 f"{self._session.compared_with}: {c.reason}\n{table}"), pytrace=False)
         return m
+
+    def run_distributed(self, scenario, build, *, nproc=2, params=None, **kwargs):
+        """A scenario of several ranks: `build(ctx) -> bench_core.rank.RankStep` runs in every rank (a
+        module-level function of the benchmark file), launched by torch's elastic launcher; the result is the
+        maximum over ranks of each step, with every rank kept. `--bench-nproc` beats `nproc`."""
+        from bench_core.errors import ScenarioError
+
+        session = self._session
+        if session.revision is not None:
+            pytest.skip(f"{OPT_AGAINST} does not compare distributed scenarios yet; gate them against a stored "
+                        f"baseline ({OPT_COMPARE})")
+        try:
+            m, c = session.run_distributed(scenario, build, nproc=nproc, params=params, **kwargs)
+        except ScenarioError as exc:
+            pytest.fail(session.shown(str(exc)), pytrace=False)
+        from bench_core.ranks import problems
+
+        wrong = problems(m.ranks)
+        if wrong:   # measured and kept, but a step that computes the wrong thing fails its test
+            pytest.fail(f"scenario {m.name!r}: " + "; ".join(wrong), pytrace=False)
+        return self._reported(m, c)
 
     def _run_against(self, scenario, fn, kwargs):
         """Side by side with --bench-against's revision: this call's step is round 0 of the current side;

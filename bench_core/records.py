@@ -91,9 +91,19 @@ class Measurement:
     telemetry: Mapping[str, Any] | None = None
     # the step's counted work (`flops.WorkCount.to_dict`), counted once after the window; None: not counted
     work: Mapping[str, Any] | None = None
+    # a distributed scenario's every rank (`ranks.RankSamples`); host_ms and gpu_ms then hold the maximum over
+    # ranks of each step, the step's real cost. None: one process
+    ranks: Any = None
 
     def __post_init__(self):
         name = self.scenario.name if isinstance(self.scenario, Scenario) else "?"
+        if self.ranks is not None:
+            from .ranks import RankSamples, max_over_ranks
+
+            if not isinstance(self.ranks, RankSamples):
+                raise InvalidRecord(f"scenario {name!r}: ranks must be a RankSamples record")
+            if tuple(self.host_ms) != max_over_ranks(self.ranks.host_ms):
+                raise InvalidRecord(f"scenario {name!r}: host_ms must be the maximum over ranks of each step")
         if self.telemetry is not None:
             if not isinstance(self.telemetry, Mapping) or not {"before", "after", "flags"} <= set(self.telemetry):
                 raise InvalidRecord(f"scenario {name!r}: telemetry must hold before, after and flags")
@@ -181,4 +191,5 @@ class Measurement:
                 raise InvalidRecord(f"scenario {self.name!r}: only measurements of the same scenario can be pooled")
         host = self.host_ms + tuple(v for o in others for v in o.host_ms)
         gpu = None if self.gpu_ms is None else self.gpu_ms + tuple(v for o in others for v in o.gpu_ms)
-        return replace(self, host_ms=host, gpu_ms=gpu, repeats=len(host))
+        # pooled samples are no longer any rank's steps
+        return replace(self, host_ms=host, gpu_ms=gpu, repeats=len(host), ranks=None)

@@ -10,6 +10,7 @@ import math
 import textwrap
 from typing import Mapping, Sequence
 
+import numpy as np
 from tabulate import tabulate
 
 from .compare import Comparison
@@ -328,3 +329,54 @@ def markdown(title: str, outcome: str | None, comparisons: Sequence[Comparison],
         cut = text.encode()[:MARKDOWN_LIMIT - 200].decode(errors="ignore")
         text = cut + "\n\n*(report cut at GitHub's summary limit: the session file has everything)*\n"
     return text
+
+
+RANKS_HEADERS = ["scenario", "ranks", "step ms (slowest rank)", "per rank: median ms", "straggler",
+                 "exposed communication", "scaling", "replicas"]
+
+
+def ranks_rows(results: Sequence[Measurement]) -> list[list[str]]:
+    from .ranks import exposure, rank_rows, scaling_efficiency, straggler
+
+    rows = []
+    for m in results:
+        rs = m.ranks
+        if rs is None:
+            continue
+        per = ", ".join(f"{r}: {_ms(med)}" + ("" if loc is None else f" ({_ms(loc)} local)")
+                        for r, _, med, _, loc in rank_rows(rs))
+        st = straggler(rs)
+        if st is None:
+            strag = "-"
+        else:
+            strag = (f"rank {st.rank} +{st.excess:.1%}" if st.named else f"none (rank {st.rank} +{st.excess:.1%})") + \
+                f" ({st.figure}, p={st.p_value:.2g})"
+        ex = exposure(rs)
+        if ex is None:
+            exposed = NOT_OBSERVED
+        else:
+            lo, hi = ex.interval_ms
+            exposed = f"{_ms(ex.exposed_ms)} ms [{_ms(lo)}, {_ms(hi)}] ({ex.share:.0%} of the step)"
+        eff = scaling_efficiency(rs)
+        scaling = NOT_OBSERVED if eff is None else f"{eff:.0%} (1 rank: {_ms(float(np.median(rs.one_rank_ms)))} ms)"
+        rep = NOT_OBSERVED if rs.replicas_max_abs_diff is None else (
+            "identical" if rs.replicas_max_abs_diff == 0 else f"differ by {rs.replicas_max_abs_diff:.3g}")
+        if rs.reference is not None:
+            rep += "; reference " + ("ok" if rs.reference.get("ok") else "MISMATCH") + \
+                f" ({rs.reference.get('steps')} steps)"
+        hosts = f" on {rs.nnodes} hosts" if rs.nnodes > 1 else ""
+        rows.append([m.name, f"{rs.world_size} {rs.backend}{hosts}", _ms(m.summary.median), per, strag, exposed,
+                     scaling, rep])
+    return rows
+
+
+def ranks_table(results: Sequence[Measurement], wide: bool = False) -> str:
+    """Distributed scenarios: the slowest rank per step, each rank, the straggler, exposed communication."""
+    out = fit(RANKS_HEADERS, ranks_rows(results), wide=wide, droppable=("scaling", "per rank: median ms"))
+    return out + below([
+        "step ms: median over steps of the slowest rank's time for each step (steps aligned by index, a barrier "
+        "before each window, none inside); local: the same step with gradient sync off, interleaved with it",
+        "exposed communication: step over local step, paired by index (Hodges-Lehmann, 95% interval); the "
+        "straggler is judged on the local step where it was measured, since a synchronised fast rank waits for "
+        "the slow one and reports its time", "scaling: weak (same batch per rank), median at 1 rank over at N"],
+        wide)

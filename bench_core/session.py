@@ -94,6 +94,7 @@ class SessionConfig:
     references_dir: Path = Path("references")
     save_references: bool = False      # record references instead of checking against them
     against: AgainstConfig | None = None
+    topology: Any = None               # a distributed.Topology given on the command line (--bench-nproc...), or None
 
 
 class BenchSession:
@@ -237,6 +238,55 @@ class BenchSession:
             t = known_peak(self.environment.get("gpu_name"), dtype)
             return None if t is None else t * 1e12
         return self.environment.get("cpu_peak_flops") if dtype in (None, "float32") else None
+
+    # -- distributed scenarios ------------------------------------------------------------------------
+    def run_distributed(self, scenario: Scenario, build: Callable, *, nproc: int = 2,
+                        params: Mapping[str, Any] | None = None, items_per_rank: int | None = None,
+                        warmup: int | None = None,
+                        repeats: int | None = None, validate: bool = True, scaling: bool = False,
+                        ) -> tuple[Measurement, Comparison | None]:
+        """Launch the scenario's ranks (`build(ctx) -> rank.RankStep`, a module-level function), measure every
+        rank, and gate the maximum over ranks like any result. The command line's topology beats `nproc`.
+        With `scaling`, the same step also runs at world size 1, for the weak-scaling efficiency.
+        A fresh launch is a fresh set of processes, so the gate replicates by launching again."""
+        import sys
+
+        from .distributed import Topology, builder_location, measurement_from, preflight, run_ranks
+
+        topology = self.config.topology or Topology(nproc)
+        try:
+            backend = preflight(scenario.name, topology, self.config.device)
+            file, function = builder_location(scenario.name, build)
+        except ScenarioError as exc:
+            self.errors.append((scenario.name, exc.problem))
+            raise
+        w, r = self.counts(warmup, repeats)
+        scenario = scenario.with_metadata(device=self.config.device)
+        spec = {"scenario": scenario.name, "builder_file": file, "builder": function,
+                "import_roots": [p for p in sys.path if p], "params": dict(params or {}),
+                "device": self.config.device, "quick": self.config.quick, "warmup": w, "repeats": r, "seed": 0,
+                "threads": self.config.threads, "backend": backend, "validate": validate,
+                "collective_timeout_s": self.config.timeout_s or 1800}
+        launches = iter(range(1, 1000))
+
+        def launch(ranks: Topology, validate_now: bool) -> Measurement:
+            doc = run_ranks(scenario.name, {**spec, "validate": validate_now}, ranks, self.config.timeout_s,
+                            launch=next(launches))
+            return measurement_from(scenario, doc, device=self.config.device, warmup=w, repeats=r,
+                                    items_per_rank=items_per_rank, environment=self.environment)
+
+        try:
+            m = launch(topology, validate)
+            if scaling and topology.world_size > 1 and topology.nnodes == 1:
+                one = launch(Topology(1), False)
+                m = replace(m, ranks=replace(m.ranks, one_rank_ms=one.primary_ms))
+            m, c = self.gate(m, lambda: launch(topology, False))
+        except ScenarioError as exc:
+            if not any(n == scenario.name for n, _ in self.errors):
+                self.errors.append((scenario.name, exc.problem))
+            raise
+        self.results.append(m)
+        return m, c
 
     # -- side by side with another revision -------------------------------------------------------
     def open_revision(self, root: Path) -> None:
@@ -489,6 +539,10 @@ class BenchSession:
             return []
         wide = self.config.wide
         out = [("bench_core results", session_table(self.results, self.errors, wide=wide))]
+        if any(m.ranks is not None for m in self.results):
+            from .report import ranks_table
+
+            out.append(("bench_core distributed scenarios (every rank)", ranks_table(self.results, wide=wide)))
         if self.config.count_flops and self.results:
             text = work_table(self.results, self.peak_flops, wide=wide, bandwidth_of=self.bandwidth)
             out.append(("bench_core work and utilization (counted FLOPs)",

@@ -30,7 +30,10 @@ JSON files (session results, baselines and A/B decision records share the versio
     a comparison's `looks_at` (where its looks fall, in words) and `achieved_flops` (baseline and current
     FLOP/s, where both were counted); an A/B record's `flops` (counted FLOPs per step, per side); under
     `--bench-against`, a scenario's rounds may run past the first look (sequential: the comparison's
-    `looks` and `looks_at` say where it could stop).
+    `looks` and `looks_at` say where it could stop). A result of a distributed scenario carries `ranks`: world
+    size, hosts, backend, every rank's samples per step (host, GPU, and the local step with gradient sync off),
+    every rank's cold start, the replicas' largest difference and the single-process reference check, and the
+    1-rank samples of a scaling run; its `host_ms` / `gpu_ms` are then the maximum over ranks of each step.
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
@@ -181,6 +184,8 @@ def measurement_doc(m: Measurement, with_environment: bool = False) -> dict:
         d["telemetry"] = {**thaw(m.telemetry), "flags": list(m.telemetry["flags"])}
     if m.work is not None:
         d["work"] = thaw(m.work)
+    if m.ranks is not None:
+        d["ranks"] = m.ranks.to_dict()
     if with_environment:
         d["environment"] = thaw(m.environment)
     return d
@@ -203,7 +208,16 @@ def measurement_from_doc(d: Mapping[str, Any], environment: Mapping[str, Any] | 
         environment=environment if environment is not None else d.get("environment") or {},
         telemetry=d.get("telemetry"),
         work=d.get("work"),
+        ranks=None if d.get("ranks") is None else _ranks_from_doc(d["ranks"]),
     )
+
+
+def _ranks_from_doc(d: Any):
+    from .ranks import RankSamples
+
+    if not isinstance(d, Mapping):
+        raise InvalidRecord("ranks must be an object")
+    return RankSamples.from_dict(d)
 
 
 def run_doc(results: Sequence[Measurement], environment: Mapping[str, Any],
@@ -572,3 +586,65 @@ def read_reference(path: Path) -> dict:
         if key not in doc:
             raise StorageError(path, "missing", field=key, hint="the file is damaged; record the reference again")
     return doc
+
+
+# -- the exchange between a distributed scenario's parent and its ranks ----------------------------------
+# Files in a private temporary folder the parent removes afterwards: the spec the parent writes, each rank's
+# status (pid and phase, rewritten at each phase) and traceback, and the gathered result of each node.
+RANK_SPEC, RANK_RESULT = "spec.json", "node{node}.result.json"
+
+
+def rank_exchange():
+    """A private temporary folder for one launch, removed with everything in it when the context ends."""
+    return tempfile.TemporaryDirectory(prefix="bench_core-ranks-")
+
+
+def open_log(path: Path):
+    """A launcher's output file (its ranks' prints and tracebacks), written by the child process."""
+    return open(path, "wb")
+
+
+def log_tail(path: Path, lines: int = 4) -> str:
+    try:
+        return " / ".join(Path(path).read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def write_rank_spec(folder: Path, spec: Mapping[str, Any]) -> Path:
+    return write_new(Path(folder) / RANK_SPEC, _dump(dict(spec)))
+
+
+def read_rank_spec(path: Path) -> dict:
+    return _read_json(path)
+
+
+def write_rank_status(folder: Path, rank: int, doc: Mapping[str, Any]) -> Path:
+    return atomic_write(Path(folder) / f"rank{rank}.status.json", _dump(dict(doc)), overwrite=True)
+
+
+def write_rank_error(folder: Path, rank: int, phase: str, trace: str) -> Path:
+    return atomic_write(Path(folder) / f"rank{rank}.error.json", _dump({"rank": rank, "phase": phase,
+                                                                       "traceback": trace}), overwrite=True)
+
+
+def write_rank_result(folder: Path, node: int, doc: Mapping[str, Any]) -> Path:
+    return write_new(Path(folder) / RANK_RESULT.format(node=node), _dump(dict(doc)))
+
+
+def read_rank_files(folder: Path) -> dict[str, Any]:
+    """What the ranks left: {"status": {rank: doc}, "errors": {rank: doc}, "results": [doc, ...]}; a file
+    cut short by a killed rank is skipped (the status of a rank that died mid-write is simply unknown)."""
+    out: dict[str, Any] = {"status": {}, "errors": {}, "results": []}
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if path.name.endswith(".status.json"):
+            out["status"][int(path.name[4:].split(".")[0])] = doc
+        elif path.name.endswith(".error.json"):
+            out["errors"][int(doc["rank"])] = doc
+        elif path.name.endswith(".result.json"):
+            out["results"].append(doc)
+    return out

@@ -490,3 +490,31 @@ def test_mm(bench):
     res.stdout.fnmatch_lines(["*bench_core work and utilization (counted FLOPs)*", "mm64*524 kFLOP*of 1 TFLOP/s*"])
     doc = json.loads(next((bt.path / ".bench" / "results").glob("session-*.json")).read_text())
     assert doc["results"][0]["work"]["flops"] == 2 * 64 ** 3 and len(doc["results"][0]["host_ms"]) == 5
+
+
+DISTRIBUTED = '''
+from bench_core import Scenario
+from rank_builders import crashing, diverging
+
+def test_crash(bench):
+    bench.run_distributed(Scenario("crash", ("forward",)), crashing, nproc=2)
+
+def test_drift(bench):
+    bench.run_distributed(Scenario("drift", ("forward",)), diverging, nproc=2, items_per_rank=8)
+'''
+
+
+def test_distributed_scenarios_fail_their_own_tests_with_the_rank_and_its_cause(bt):
+    """A rank that raises fails its test with that rank's traceback; replicas that drift apart are measured and
+    kept, and fail their test; the session reports the distributed table and stores every rank."""
+    bt.makepyfile(test_d=DISTRIBUTED)
+    res = bt.runpytest("--bench-repeats", "4", "--bench-warmup", "0", "--bench-quick")
+    res.assert_outcomes(failed=2)
+    res.stdout.fnmatch_lines(["*rank 1 failed during 'build'*", "*RuntimeError: rank 1 cannot build: out of unicorns*",
+                              "*'drift': the ranks' parameters differ after the steps*",
+                              "*bench_core distributed scenarios (every rank)*", "drift*2 gloo*differ by*"])
+    (path,) = (bt.path / ".bench" / "results").glob("session-*.json")
+    doc = json.loads(path.read_text())
+    (drift,) = doc["results"]
+    assert drift["ranks"]["world_size"] == 2 and len(drift["ranks"]["host_ms"]) == 2 and drift["items"] == 16
+    assert any(e["scenario"] == "crash" for e in doc["errors"])

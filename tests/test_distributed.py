@@ -1,0 +1,260 @@
+"""Distributed scenarios: the figures over ranks (pure, with chosen samples), the launcher's checks (with fakes),
+and real launches on the CPU with gloo at world size 2: gathering, a straggler made on purpose, the exposed
+communication, replicas and reference, a crash, a hang, and two launcher agents as two hosts."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bench_core import InvalidRecord, Scenario, ScenarioError
+from bench_core.distributed import (Topology, builder_location, launch_command, measurement_from, preflight,
+                                    run_ranks, samples_from)
+from bench_core.ranks import (RankSamples, exposure, max_over_ranks, problems, rank_rows, scaling_efficiency,
+                              straggler)
+from bench_core.report import ranks_table
+from bench_core.storage import measurement_doc, measurement_from_doc
+
+HERE = Path(__file__).parent
+BUILDERS = str(HERE / "rank_builders.py")
+
+
+# -- pure figures --------------------------------------------------------------------------------------------
+def test_max_over_ranks_takes_the_slowest_rank_of_each_step():
+    assert max_over_ranks([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == (3.0, 5.0, 2.5)
+
+
+def test_rank_samples_refuse_steps_that_cannot_be_aligned():
+    with pytest.raises(InvalidRecord, match="rank 1 has 2 samples, rank 0 has 3"):
+        RankSamples(2, 1, "gloo", [[1, 2, 3], [1, 2]])
+    with pytest.raises(InvalidRecord, match="1 ranks, the world has 2"):
+        RankSamples(2, 1, "gloo", [[1, 2, 3]])
+    with pytest.raises(InvalidRecord, match="negative or non-finite"):
+        RankSamples(2, 1, "gloo", [[1, 2, 3], [1, float("nan"), 3]])
+
+
+def _samples(step, local=None, **kw):
+    return RankSamples(len(step), 1, "gloo", step, local_host_ms=local, **kw)
+
+
+def test_straggler_is_named_from_the_local_step_with_its_excess():
+    fast = [10.0 + 0.01 * i for i in range(20)]
+    slow = [v * 1.2 for v in fast]
+    synced = [[13.0 + 0.01 * i for i in range(20)]] * 2     # the fast rank waits: both report the slow time
+    st = straggler(_samples(synced, [fast, slow]))
+    assert (st.rank, st.named, st.figure) == (1, True, "local step")
+    assert st.excess == pytest.approx(0.2, abs=1e-9)
+    assert st.p_value < 1e-6
+
+
+def test_a_small_or_insignificant_difference_names_no_straggler():
+    a = [10.0 + 0.01 * i for i in range(20)]
+    b = [v * 1.02 for v in a]                                 # 2%: below the 5% a straggler needs
+    st = straggler(_samples([a, b]))
+    assert (st.rank, st.named, st.figure) == (1, False, "step")
+    assert straggler(_samples([a])) is None                 # one rank: nothing to compare
+
+
+def test_exposure_is_the_paired_step_over_local_step():
+    local = [[10.0 + 0.1 * (i % 5) for i in range(20)]] * 2
+    step = [[v + 4.0 for v in local[0]]] * 2                 # 4 ms of communication on every step
+    ex = exposure(_samples(step, local))
+    assert ex.exposed_ms == pytest.approx(4.0, rel=0.05)
+    lo, hi = ex.interval_ms
+    assert lo <= ex.exposed_ms <= hi
+    assert ex.share == pytest.approx(1 - 1 / ex.ratio)
+    assert exposure(_samples(step)) is None                  # not measured is not zero
+
+
+def test_scaling_efficiency_compares_one_rank_with_the_slowest_of_n():
+    rs = _samples([[10.0] * 6, [12.5] * 6], one_rank_ms=[10.0] * 6)
+    assert scaling_efficiency(rs) == pytest.approx(0.8)
+    assert scaling_efficiency(_samples([[10.0] * 6, [12.5] * 6])) is None
+
+
+def test_problems_name_diverged_replicas_and_a_failed_reference():
+    ok = _samples([[1.0, 1.0]] * 2, replicas_max_abs_diff=0.0, reference={"ok": True, "steps": 3})
+    assert problems(ok) == []
+    bad = _samples([[1.0, 1.0]] * 2, replicas_max_abs_diff=1e-3,
+                   reference={"ok": False, "steps": 3, "max_abs_diff": 0.5, "rtol": 1e-4, "atol": 1e-5})
+    text = " ".join(problems(bad))
+    assert "parameters differ" in text and "0.001" in text and "single-process" in text and "0.5" in text
+
+
+def _result_doc(gpu=False):
+    ranks = []
+    for r, level in enumerate((10.0, 11.0)):
+        host = [level + i for i in range(4)]
+        ranks.append({"rank": r, "host": "h", "pid": 1, "threads": 1, "cold_ms": 50.0 + r,
+                      "cold_host_ms": 60.0 + r, "cold_gpu_ms": 50.0 + r if gpu else None, "host_ms": host,
+                      "gpu_ms": [v - 1 for v in host] if gpu else None,
+                      "local_host_ms": None, "local_gpu_ms": None})
+    return {"world_size": 2, "nnodes": 1, "backend": "nccl" if gpu else "gloo", "ranks": ranks,
+            "replicas_max_abs_diff": 0.0, "reference": None}
+
+
+def test_measurement_holds_the_slowest_rank_and_every_rank_survives_the_file():
+    m = measurement_from(Scenario("ddp", ("forward",)), _result_doc(), device="cpu", warmup=1, repeats=4,
+                         items_per_rank=8, environment={})
+    assert m.host_ms == (11.0, 12.0, 13.0, 14.0) and m.items == 16
+    assert m.scenario.metadata["world_size"] == 2 and m.scenario.metadata["backend"] == "gloo"
+    assert m.cold_start.first_call_ms == 61.0
+    back = measurement_from_doc(measurement_doc(m, with_environment=True))
+    assert back.ranks == m.ranks and back.host_ms == m.host_ms
+
+
+def test_gpu_ranks_give_gpu_time_as_the_primary_figure_and_host_time_beside_it():
+    # a fake CUDA result: what NCCL ranks would send, GPU time from events and host time after syncing
+    m = measurement_from(Scenario("ddp", ("forward",)), _result_doc(gpu=True), device="cuda", warmup=1, repeats=4,
+                         items_per_rank=None, environment={})
+    assert m.timer == "cuda_event" and m.gpu_ms == (10.0, 11.0, 12.0, 13.0) and m.host_ms == (11.0, 12.0, 13.0, 14.0)
+    assert (m.cold_start.first_call_ms, m.cold_start.first_call_gpu_ms) == (61.0, 51.0)
+    assert m.ranks.primary == m.ranks.gpu_ms
+
+
+def test_a_measurement_whose_samples_are_not_the_slowest_ranks_is_refused():
+    m = measurement_from(Scenario("ddp", ("forward",)), _result_doc(), device="cpu", warmup=1, repeats=4,
+                         items_per_rank=None, environment={})
+    from dataclasses import replace
+    with pytest.raises(InvalidRecord, match="maximum over ranks"):
+        replace(m, host_ms=(1.0, 1.0, 1.0, 1.0))
+
+
+# -- the launcher's checks, before any process starts ---------------------------------------------------------
+def _fake_torch(dist=True, gloo=True, nccl=True, gpus=0):
+    d = SimpleNamespace(is_available=lambda: dist, is_gloo_available=lambda: gloo, is_nccl_available=lambda: nccl)
+    return SimpleNamespace(distributed=d, cuda=SimpleNamespace(device_count=lambda: gpus))
+
+
+def test_preflight_says_what_to_do_for_each_missing_piece():
+    assert preflight("s", Topology(2), "cpu", _fake_torch()) == "gloo"
+    assert preflight("s", Topology(2), "cuda", _fake_torch(gpus=2)) == "nccl"
+    with pytest.raises(ScenarioError, match="no torch.distributed"):
+        preflight("s", Topology(2), "cpu", _fake_torch(dist=False))
+    with pytest.raises(ScenarioError, match="gloo backend is not in this torch build"):
+        preflight("s", Topology(2), "cpu", _fake_torch(gloo=False))
+    with pytest.raises(ScenarioError, match="nccl backend"):
+        preflight("s", Topology(2), "cuda", _fake_torch(nccl=False, gpus=2))
+    with pytest.raises(ScenarioError, match="4 ranks on this host need one GPU each, and it has 2: pass --bench-nproc 2"):
+        preflight("s", Topology(4), "cuda", _fake_torch(gpus=2))
+
+
+def test_a_busy_rendezvous_port_is_named_before_launching():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ScenarioError, match=f"port {port} on 127.0.0.1 is in use.*--bench-rdzv-endpoint"):
+            preflight("s", Topology(1, 2, 0, f"127.0.0.1:{port}"), "cpu", _fake_torch())
+        preflight("s", Topology(1, 2, 1, f"127.0.0.1:{port}"), "cpu", _fake_torch())   # node 1 only joins
+
+
+def test_topology_refuses_what_cannot_be_placed():
+    with pytest.raises(ValueError, match="need a rendezvous"):
+        Topology(1, 2)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        Topology(1, 2, 0, "nohost")
+    with pytest.raises(ValueError, match="not below --bench-nnodes"):
+        Topology(1, 2, 2, "h:1")
+    with pytest.raises(ValueError, match="--bench-nproc must be an integer >= 1"):
+        Topology(0)
+
+
+def test_launch_command_uses_torchs_launcher_and_hosts_the_rendezvous_on_node_0():
+    one = launch_command(Topology(2), Path("/s.json"), "id")
+    assert one[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node"] and "--standalone" in one
+    assert one[-3:] == ["-m", "bench_core.rank", "/s.json"]
+    two = launch_command(Topology(1, 2, 1, "h:29400"), Path("/s.json"), "id")
+    assert "--standalone" not in two and "is_host=false" in two and two[two.index("--rdzv-endpoint") + 1] == "h:29400"
+    assert "is_host=true" in launch_command(Topology(1, 2, 0, "h:29400"), Path("/s.json"), "id")
+
+
+def test_builder_must_be_importable_by_every_rank():
+    with pytest.raises(ScenarioError, match="module-level function"):
+        builder_location("s", lambda ctx: None)
+
+    def inner(ctx):
+        return None
+    with pytest.raises(ScenarioError, match="module-level function"):
+        builder_location("s", inner)
+    sys.path.insert(0, str(HERE))
+    try:
+        import rank_builders
+    finally:
+        sys.path.remove(str(HERE))
+    assert builder_location("s", rank_builders.paced) == (BUILDERS, "paced")
+
+
+# -- real launches: gloo, world size 2 -----------------------------------------------------------------------
+def _rank_pids() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "-m bench_core.rank"], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def _spec(builder, **kw):
+    return {"scenario": builder, "builder_file": BUILDERS, "builder": builder, "import_roots": [str(HERE)],
+            "params": kw.pop("params", {}), "device": "cpu", "quick": True, "warmup": 1, "repeats": 12, "seed": 0,
+            "threads": 1, "backend": "gloo", "validate": True, "collective_timeout_s": 120, **kw}
+
+
+@pytest.fixture
+def no_rank_left():
+    before = _rank_pids()
+    yield
+    assert _rank_pids() - before == set(), "a rank process outlived its launch"
+
+
+def test_two_ranks_gathered_aligned_straggler_named_exposure_measured(no_rank_left):
+    params = {"base_ms": 20.0, "comm_ms": 8.0, "slow_rank": 1}
+    doc = run_ranks("paced", _spec("paced", params=params), Topology(2), timeout_s=120)
+    rs = samples_from(doc)
+    assert rs.world_size == 2 and [len(r) for r in rs.host_ms] == [12, 12] and [len(r) for r in rs.local_host_ms] == [12, 12]
+    st = straggler(rs)
+    assert st.rank == 1 and st.named and st.figure == "local step"
+    assert 0.1 < st.excess < 0.35           # made 20% slower; sleeps overshoot a little on a busy machine
+    ex = exposure(rs)
+    assert 5.0 < ex.exposed_ms < 12.0       # 8 ms added after the all-reduce of the synchronised step
+    assert rs.replicas_max_abs_diff == 0.0  # DDP replicas, after steps and local steps put back
+    assert rs.reference["ok"] and rs.reference["steps"] == 3
+    m = measurement_from(Scenario("paced", ("forward",)), doc, device="cpu", warmup=1, repeats=12,
+                         items_per_rank=8, environment={})
+    assert m.host_ms == max_over_ranks(rs.host_ms) and [r for r, *_ in rank_rows(rs)] == [0, 1]
+    assert "rank 1 +" in ranks_table([m], wide=True)
+
+
+def test_a_rank_that_hangs_is_ended_within_the_limit_and_named(no_rank_left):
+    with pytest.raises(ScenarioError) as err:
+        run_ranks("hang", _spec("hanging"), Topology(2), timeout_s=10)
+    text = str(err.value)
+    # rank 0 waits inside DDP's first broadcast for rank 1, which never comes: both are in 'build'
+    assert "past the time limit of 10 s" in text and "rank 1 in 'build'" in text and "--bench-timeout" in text
+
+
+def test_two_launcher_agents_on_one_machine_form_one_world(no_rank_left):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    found, errors = {}, []
+
+    def node(k):
+        try:
+            found[k] = run_ranks("two-hosts", _spec("plain", validate=False), Topology(1, 2, k, f"127.0.0.1:{port}"),
+                                 timeout_s=120)
+        except Exception as exc:  # noqa: BLE001 - reported below, with the node
+            errors.append((k, exc))
+    agents = [threading.Thread(target=node, args=(k,)) for k in (0, 1)]
+    for a in agents:
+        a.start()
+    for a in agents:
+        a.join()
+    assert not errors, errors
+    for k in (0, 1):   # every host gets the whole world's samples
+        rs = samples_from(found[k])
+        assert (rs.world_size, rs.nnodes) == (2, 2) and len(rs.host_ms) == 2 and rs.replicas_max_abs_diff == 0.0
+    assert os.environ.get("RANK") is None   # nothing leaked into this process
