@@ -231,3 +231,43 @@ def builder_location(name: str, build: Callable) -> tuple[str, str]:
     if path is None:
         raise ScenarioError(name, f"the builder {qual} has no source file to import it from")
     return str(Path(path).resolve()), build.__name__
+
+
+def ab_result(result: Mapping[str, Any], *, alpha: float, min_effect: float, params: Mapping[str, Any],
+              identities: Mapping[str, Any], environment: Mapping[str, Any]):
+    """Two configurations measured in the same ranks, round by round: each pair's cost is the slowest rank's, each
+    round's evidence the median log ratio of its pairs, the verdict a t-test over rounds (`rounds_decision`).
+    A candidate that did not start from the baseline's parameters, or does not end equal to it, is rejected."""
+    import numpy as np
+
+    from .interleaved import REJECTED, ABResult, rounds_decision
+
+    ranks = result["ranks"]
+    primary = "gpu_ms" if ranks[0]["baseline"]["rounds"][0]["gpu_ms"] is not None else "host_ms"
+
+    def per_round(side: str) -> list[tuple[float, ...]]:
+        n_rounds = len(ranks[0][side]["rounds"])
+        return [max_over_ranks([r[side]["rounds"][k][primary] for r in ranks]) for k in range(n_rounds)]
+
+    base, cand = per_round("baseline"), per_round("candidate")
+    cold_key = "cold_gpu_ms" if primary == "gpu_ms" else "cold_host_ms"
+    cold = {side: max(r[side][cold_key] for r in ranks) for side in ("baseline", "candidate")}
+    check = dict(result["correctness"])
+    common = dict(params={**params, "world_size": result["world_size"], "backend": result["backend"],
+                          "timer": "cuda_event" if primary == "gpu_ms" else "host", "figure": "slowest rank per step"},
+                  identities=identities, correctness=check, environment=environment)
+    flat_b, flat_c = tuple(v for r in base for v in r), tuple(v for r in cand for v in r)
+    if not check.get("ok"):
+        why = ("the two sides did not start from the same parameters" if check.get("start_max_abs_diff")
+               else f"after {check.get('steps')} steps from the same start the parameters differ by "
+                    f"{check.get('end_max_abs_diff'):.3g} (rtol {check.get('rtol')}, atol {check.get('atol')})")
+        return ABResult(REJECTED, f"{why}: the candidate gets no speed verdict", None, None, None, None,
+                        flat_b, flat_c, cold, **common)
+    if min(flat_b + flat_c) <= 0:
+        from .interleaved import NO_DIFFERENCE
+
+        return ABResult(NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None,
+                        None, flat_b, flat_c, cold, **common)
+    logs = [float(np.median(np.log(c) - np.log(b))) for b, c in zip(base, cand)]
+    d = rounds_decision(logs, alpha, min_effect)
+    return ABResult(d.verdict, d.reason, d.speedup, d.ci_low, d.ci_high, d.p_value, flat_b, flat_c, cold, **common)

@@ -11,8 +11,8 @@ import hashlib
 import inspect
 import math
 import random
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from .backends import Backend, backend_for
 from .errors import ScenarioError
@@ -230,15 +230,21 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
     if min(base + cand) <= 0:
         return ABResult(NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None,
                         None, base, cand, cold, **common)
-    logs = res.round_log_ratios                  # log(candidate / baseline) per round
+    v = rounds_decision(res.round_log_ratios, alpha, min_effect)
+    return ABResult(v.verdict, v.reason, v.speedup, v.ci_low, v.ci_high, v.p_value, base, cand, cold, **common)
+
+
+def rounds_decision(logs: Sequence[float], alpha: float, min_effect: float) -> PairedDecision:
+    """Pure: the verdict from per-round log(candidate / baseline) (each round: fresh instances of both sides).
+    The speedup is exp(-mean), its interval (at 1 - alpha) and p (two-sided) from a t-test over rounds, so
+    what each instance carries is inside the interval. Same verdict rule as `ab`."""
     d, n = sum(logs) / len(logs), len(logs)
     sd = math.sqrt(sum((v - d) ** 2 for v in logs) / (n - 1))
     if sd == 0:
-        return ABResult(NO_DIFFERENCE, "every round gave the same ratio: the timer cannot resolve the spread",
-                        math.exp(-d), None, None, None, base, cand, cold, **common)
+        return PairedDecision(NO_DIFFERENCE, "every round gave the same ratio: the timer cannot resolve the spread",
+                              math.exp(-d))
     se = sd / math.sqrt(n)
     p = min(1.0, 2 * t_test(d, se, n - 1))
     lo, hi = t_interval(d, se, n - 1, 1.0 - alpha)   # the level the two-sided test decides at
     v = speed_verdict(math.exp(-d), math.exp(-hi), math.exp(-lo), p, alpha, min_effect)
-    return ABResult(v.verdict, f"{v.reason}; {n} rounds of fresh instances", v.speedup, v.ci_low, v.ci_high,
-                    v.p_value, base, cand, cold, **common)
+    return replace(v, reason=f"{v.reason}; {n} rounds of fresh instances")

@@ -356,6 +356,21 @@ class BenchFixture:
             pytest.fail(f"scenario {m.name!r}: " + "; ".join(wrong), pytrace=False)
         return self._reported(m, c)
 
+    def ab_distributed(self, name, build, *, baseline, candidate, **kwargs):
+        """Two configurations of a distributed scenario (the builder parameters of each side), timed in the same
+        ranks and decided; a candidate that does not start and end equal to the baseline fails this test."""
+        from bench_core.errors import ScenarioError
+        from bench_core.interleaved import REJECTED
+
+        try:
+            res = self._session.ab_distributed(name, build, baseline, candidate, **kwargs)
+        except ScenarioError as exc:
+            pytest.fail(self._session.shown(str(exc)), pytrace=False)
+        self._node.user_properties.append(("bench_ab_verdict", res.verdict))
+        if res.verdict == REJECTED:
+            pytest.fail(f"A/B {name!r}: {res.reason}", pytrace=False)
+        return res
+
     def _run_against(self, scenario, fn, kwargs):
         """Side by side with --bench-against's revision: this call's step is round 0 of the current side;
         every other instance comes from calling the test function again (this tree's, and the revision's)."""

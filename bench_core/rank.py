@@ -194,6 +194,164 @@ def _reference_check(fresh: RankStep, steps: int, rank: int) -> dict | None:
     return {"steps": steps, "ok": ok, "max_abs_diff": worst, "rtol": rtol, "atol": atol}
 
 
+class _Rank:
+    """This rank's place in the world, its builder, and the sample loop behind a barrier."""
+
+    def __init__(self, spec: Mapping[str, Any], status: Callable[[str], None]):
+        import torch.distributed as dist
+
+        from .backends import backend_for
+        from .sampling import Sampler, set_threads
+
+        self.spec, self.status, self.dist = spec, status, dist
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.on_gpu = spec["device"] == "cuda"
+        self.device = f"cuda:{self.local_rank}" if self.on_gpu else "cpu"
+        self.threads = set_threads(spec.get("threads"))
+        self.builder = _load_builder(spec)
+        self.ctx = RankContext(self.rank, self.world, self.local_rank, self.device, spec["quick"],
+                               spec.get("params") or {})
+        self.sampler = Sampler(spec["scenario"], backend_for("cuda" if self.on_gpu else "cpu"))
+        # the same seed on every rank: the same steps, so the same collectives, in the same order
+        self.order = random.Random(spec.get("seed", 0))
+
+    def build(self, **variant) -> RankStep:
+        ctx = self.ctx if not variant else RankContext(self.rank, self.world, self.local_rank, self.device,
+                                                       self.ctx.quick, {**self.ctx.params, **variant})
+        inst = self.builder(ctx)
+        if not isinstance(inst, RankStep):
+            raise TypeError(f"{self.spec['builder']} returned {type(inst).__name__}, not a RankStep")
+        return inst
+
+    def timed(self, fn, what):
+        self.dist.barrier()   # outside the window: every rank starts the step together
+        return self.sampler.sample(fn, what=what)
+
+    def untimed(self, fn, what):
+        self.dist.barrier()
+        return self.sampler.call(what, fn)
+
+    def me(self) -> dict:
+        return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(), "threads": self.threads}
+
+    def gathered(self, mine: Mapping[str, Any]) -> list:
+        self.status("gathering")
+        everyone: list = [None] * self.world
+        self.dist.all_gather_object(everyone, {**self.me(), **mine})
+        return sorted(everyone, key=lambda d: d["rank"])
+
+    def max_over_ranks(self, value: float) -> float:
+        import torch
+
+        t = torch.tensor(float(value), dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return float(t)
+
+
+def _ms(samples, on_gpu: bool) -> dict:
+    return {"host_ms": [s.host_ms for s in samples], "gpu_ms": [s.gpu_ms for s in samples] if on_gpu else None}
+
+
+def measure_rank(me: _Rank) -> dict:
+    """Cold start, warmup, samples (with the local step beside, where given), replica check, reference."""
+    from .sampling import gc_paused
+
+    spec, status = me.spec, me.status
+    status("build")
+    inst = me.build()
+    status("cold start")
+    cold = me.timed(inst.step, "the first step (cold start)")
+    status("warmup")
+    for i in range(spec["warmup"]):
+        me.untimed(inst.step, f"warmup step {i}")
+    step, local = [], []
+    status("samples")
+    with gc_paused():
+        for i in range(spec["repeats"]):
+            kinds = ["step", "local"] if inst.local_step is not None else ["step"]
+            me.order.shuffle(kinds)
+            for kind in kinds:
+                if kind == "step":
+                    step.append(me.timed(inst.step, f"step {i}"))
+                else:
+                    restore = me.sampler.call("the snapshot before a local step", inst.snapshot)
+                    local.append(me.timed(inst.local_step, f"local step {i}"))
+                    me.sampler.call("restoring the state after a local step", restore)
+    status("checking the replicas")
+    diff = _max_diff_from_rank0(inst.replicated(), me.device) if inst.replicated is not None else None
+    loc = _ms(local, me.on_gpu)
+    everyone = me.gathered({"cold_ms": cold.primary_ms, "cold_host_ms": cold.host_ms, "cold_gpu_ms": cold.gpu_ms,
+                            **_ms(step, me.on_gpu), "local_host_ms": loc["host_ms"] if local else None,
+                            "local_gpu_ms": loc["gpu_ms"] if local else None})
+    reference = None
+    if spec.get("validate") and inst.reference is not None:
+        status("validation")
+        del inst
+        fresh = me.build()
+        for i in range(VALIDATION_STEPS):
+            me.untimed(fresh.step, f"validation step {i}")
+        found = [_reference_check(fresh, VALIDATION_STEPS, me.rank)]
+        me.dist.broadcast_object_list(found, src=0)
+        reference = found[0]
+    return {"ranks": everyone, "replicas_max_abs_diff": diff, "reference": reference}
+
+
+SIDES = ("baseline", "candidate")
+
+
+def ab_rank(me: _Rank) -> dict:
+    """Two configurations of one scenario (`spec["ab"]`: each side's parameters, given to the builder) in the same
+    processes, in rounds: each round builds both anew (fresh allocations, in a random order), takes a first step
+    and `warmup` more of each, then `pairs` pairs in a random order. In round 0 the two must start from identical
+    parameters, and after the same steps on the same data they must still agree within the candidate's tolerance
+    (correctness and speed decide together)."""
+    import torch
+
+    from .sampling import gc_paused
+
+    spec, status = me.spec, me.status
+    samples: dict[str, list] = {s: [] for s in SIDES}
+    cold: dict[str, Any] = {}
+    check: dict[str, Any] = {}
+    for r in range(spec["rounds"]):
+        status(f"round {r}: build")
+        inst = {side: me.build(**spec["ab"][side]) for side in me.order.sample(SIDES, 2)}
+        if r == 0:
+            start = [_whole(inst[s].replicated()) if inst[s].replicated is not None else None for s in SIDES]
+            if None in start:
+                raise TypeError(f"{spec['builder']}: an A/B needs RankStep.replicated, to prove both sides start "
+                                f"from the same parameters and end equal")
+            check["start_max_abs_diff"] = me.max_over_ranks(max(
+                (float((a.double() - b.double()).abs().max()) for a, b in zip(*start) if a.numel()), default=0.0))
+        status(f"round {r}: steps")
+        for side in me.order.sample(SIDES, 2):
+            first = me.timed(inst[side].step, f"{side}'s first step in round {r}")
+            cold.setdefault(side, first)
+        for i in range(spec["warmup"]):
+            for side in me.order.sample(SIDES, 2):
+                me.untimed(inst[side].step, f"{side}'s warmup step {i}")
+        got = {s: [] for s in SIDES}
+        with gc_paused():
+            for i in range(spec["pairs"]):
+                for side in me.order.sample(SIDES, 2):
+                    got[side].append(me.timed(inst[side].step, f"{side}'s step {i} in round {r}"))
+        for side in SIDES:
+            samples[side].append(got[side])
+        if r == 0:
+            rtol, atol = inst["candidate"].tolerance
+            a, b = (_whole(inst[s].replicated()) for s in SIDES)
+            diff = max((float((x.double() - y.double()).abs().max()) for x, y in zip(a, b) if x.numel()), default=0.0)
+            close = all(x.shape == y.shape and bool(torch.allclose(x, y, rtol=rtol, atol=atol)) for x, y in zip(a, b))
+            check.update(steps=1 + spec["warmup"] + spec["pairs"], end_max_abs_diff=me.max_over_ranks(diff),
+                         ok=me.max_over_ranks(0.0 if close and len(a) == len(b) else 1.0) == 0.0, rtol=rtol, atol=atol)
+            check["ok"] = check["ok"] and check["start_max_abs_diff"] == 0.0
+        del inst
+    everyone = me.gathered({side: {"cold_host_ms": cold[side].host_ms, "cold_gpu_ms": cold[side].gpu_ms,
+                                   "rounds": [_ms(rnd, me.on_gpu) for rnd in samples[side]]} for side in SIDES})
+    return {"ranks": everyone, "correctness": check}
+
+
 def run_rank(spec: Mapping[str, Any], status: Callable[[str], None]) -> dict | None:
     """One rank's whole part; returns the gathered result on each node's local rank 0, else None."""
     import datetime
@@ -201,78 +359,18 @@ def run_rank(spec: Mapping[str, Any], status: Callable[[str], None]) -> dict | N
     import torch
     import torch.distributed as dist
 
-    from .backends import backend_for
-    from .sampling import Sampler, gc_paused, set_threads
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    on_gpu = spec["device"] == "cuda"
-    device = f"cuda:{local_rank}" if on_gpu else "cpu"
-    if on_gpu:
-        torch.cuda.set_device(local_rank)
-    threads = set_threads(spec.get("threads"))
+    if spec["device"] == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     status("joining the process group")
     dist.init_process_group(spec["backend"], timeout=datetime.timedelta(seconds=spec["collective_timeout_s"]))
     try:
-        build = _load_builder(spec)
-        ctx = RankContext(rank, world, local_rank, device, spec["quick"], spec.get("params") or {})
-        status("build")
-        inst = build(ctx)
-        if not isinstance(inst, RankStep):
-            raise TypeError(f"{spec['builder']} returned {type(inst).__name__}, not a RankStep")
-        sampler = Sampler(spec["scenario"], backend_for("cuda" if on_gpu else "cpu"))
-
-        def timed(fn, what):
-            dist.barrier()   # outside the window: every rank starts the step together
-            return sampler.sample(fn, what=what)
-
-        status("cold start")
-        cold = timed(inst.step, "the first step (cold start)")
-        status("warmup")
-        for i in range(spec["warmup"]):
-            dist.barrier()
-            sampler.call(f"warmup step {i}", inst.step)
-        order = random.Random(spec.get("seed", 0))   # the same seed on every rank: the same collectives in turn
-        step, local = [], []
-        status("samples")
-        with gc_paused():
-            for i in range(spec["repeats"]):
-                kinds = ["step", "local"] if inst.local_step is not None else ["step"]
-                order.shuffle(kinds)
-                for kind in kinds:
-                    if kind == "step":
-                        step.append(timed(inst.step, f"step {i}"))
-                    else:
-                        restore = sampler.call("the snapshot before a local step", inst.snapshot)
-                        local.append(timed(inst.local_step, f"local step {i}"))
-                        sampler.call("restoring the state after a local step", restore)
-        status("checking the replicas")
-        diff = _max_diff_from_rank0(inst.replicated(), device) if inst.replicated is not None else None
-        mine = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "threads": threads,
-                "cold_ms": cold.primary_ms, "cold_host_ms": cold.host_ms, "cold_gpu_ms": cold.gpu_ms,
-                "host_ms": [s.host_ms for s in step], "gpu_ms": [s.gpu_ms for s in step] if on_gpu else None,
-                "local_host_ms": [s.host_ms for s in local] if local else None,
-                "local_gpu_ms": [s.gpu_ms for s in local] if local and on_gpu else None}
-        status("gathering")
-        everyone: list = [None] * world
-        dist.all_gather_object(everyone, mine)
-        reference = None
-        if spec.get("validate") and inst.reference is not None:
-            status("validation")
-            del inst
-            fresh = build(ctx)
-            for i in range(VALIDATION_STEPS):
-                sampler.call(f"validation step {i}", fresh.step)
-            found = [_reference_check(fresh, VALIDATION_STEPS, rank)]
-            dist.broadcast_object_list(found, src=0)
-            reference = found[0]
+        me = _Rank(spec, status)
+        out = ab_rank(me) if spec.get("ab") else measure_rank(me)
         status("done")
-        if local_rank != 0:
+        if me.local_rank != 0:
             return None
-        everyone.sort(key=lambda d: d["rank"])
-        return {"world_size": world, "nnodes": world // int(os.environ.get("LOCAL_WORLD_SIZE", world)),
-                "backend": spec["backend"], "ranks": everyone, "replicas_max_abs_diff": diff,
-                "reference": reference, "torch": torch.__version__}
+        return {"world_size": me.world, "nnodes": me.world // int(os.environ.get("LOCAL_WORLD_SIZE", me.world)),
+                "backend": spec["backend"], "torch": torch.__version__, **out}
     finally:
         dist.destroy_process_group()
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import InvalidRecord
-from .stats import mann_whitney, paired_ratio, summarize
+from .stats import paired_ratio, summarize
 
 STRAGGLER_EXCESS = 0.05   # a rank this much slower than the others' median, and significantly so, is named
 STRAGGLER_ALPHA = 0.01
@@ -121,31 +121,40 @@ def max_over_ranks(per_rank: Sequence[Sequence[float]]) -> tuple[float, ...]:
 class Straggler:
     rank: int
     median_ms: float
-    others_ms: float          # the median of the other ranks' medians
-    excess: float             # median_ms / others_ms - 1
-    p_value: float            # its samples against the others', two-sided Mann-Whitney
+    others_ms: float          # the median over steps of the other ranks' median at each step
+    excess: float             # its time over the others', paired by step (Hodges-Lehmann) - 1
+    ci_low: float             # the excess's 95% interval
+    ci_high: float
+    p_value: float            # Wilcoxon signed-rank over steps, times the world size (the rank was picked as the slowest)
     named: bool               # excess >= STRAGGLER_EXCESS and p < STRAGGLER_ALPHA
     figure: str               # which samples: "local step" (no waiting for peers) or "step"
 
 
 def straggler(samples: RankSamples) -> Straggler | None:
-    """The rank with the highest median and its excess over the others; None with one rank.
+    """The rank with the highest median and its excess over the others; None with one rank or too few steps.
 
-    In a synchronised step a fast rank waits inside the collective for the slow one, so both report nearly
-    the slow time; the step with synchronisation off has no waiting, so it shows each rank's own pace and is
-    used where it was measured."""
+    Every rank runs step i at the same time, so the slowest rank is compared step by step with the median of the
+    others at that step: whatever the machine did at that moment cancels. It was picked as the slowest of
+    `world_size`, so its p is multiplied by that (Bonferroni). In a synchronised step a fast rank waits inside
+    the collective for the slow one, so both report nearly the slow time; the step with synchronisation off has
+    no waiting, so it shows each rank's own pace and is used where it was measured. On a shared CPU one process
+    can keep a bias of several percent for its whole life: a rank named in one launch and not the next is such
+    a process, not a slow host."""
     if samples.world_size < 2:
         return None
     local = samples.local_primary
     rows, figure = (local, "local step") if local is not None else (samples.primary, "step")
-    medians = [float(np.median(r)) for r in rows]
+    x = np.asarray(rows, dtype=float)
+    if x.shape[1] < 6 or np.any(x <= 0):
+        return None
+    medians = np.median(x, axis=1)
     top = int(np.argmax(medians))
-    others = [m for r, m in enumerate(medians) if r != top]
-    base = float(np.median(others))
-    excess = medians[top] / base - 1 if base > 0 else math.inf
-    pooled = [v for r, row in enumerate(rows) if r != top for v in row]
-    p, _ = mann_whitney(rows[top], pooled)
-    return Straggler(top, medians[top], base, excess, p, excess >= STRAGGLER_EXCESS and p < STRAGGLER_ALPHA, figure)
+    others = np.median(np.delete(x, top, axis=0), axis=0)
+    r = paired_ratio(x[top], others)
+    p = min(1.0, r.p_value * samples.world_size)
+    excess = r.ratio - 1
+    return Straggler(top, float(medians[top]), float(np.median(others)), excess, r.ci_low - 1, r.ci_high - 1, p,
+                     excess >= STRAGGLER_EXCESS and p < STRAGGLER_ALPHA, figure)
 
 
 @dataclass(frozen=True)

@@ -349,7 +349,8 @@ def ranks_rows(results: Sequence[Measurement]) -> list[list[str]]:
         if st is None:
             strag = "-"
         else:
-            strag = (f"rank {st.rank} +{st.excess:.1%}" if st.named else f"none (rank {st.rank} +{st.excess:.1%})") + \
+            how = f"{st.excess:+.1%} [{st.ci_low:+.1%}, {st.ci_high:+.1%}]"
+            strag = (f"rank {st.rank} {how}" if st.named else f"none (slowest: rank {st.rank} {how})") + \
                 f" ({st.figure}, p={st.p_value:.2g})"
         ex = exposure(rs)
         if ex is None:
@@ -372,11 +373,14 @@ def ranks_rows(results: Sequence[Measurement]) -> list[list[str]]:
 
 def ranks_table(results: Sequence[Measurement], wide: bool = False) -> str:
     """Distributed scenarios: the slowest rank per step, each rank, the straggler, exposed communication."""
+    from .ranks import STRAGGLER_ALPHA, STRAGGLER_EXCESS
+
     out = fit(RANKS_HEADERS, ranks_rows(results), wide=wide, droppable=("scaling", "per rank: median ms"))
     return out + below([
         "step ms: median over steps of the slowest rank's time for each step (steps aligned by index, a barrier "
         "before each window, none inside); local: the same step with gradient sync off, interleaved with it",
-        "exposed communication: step over local step, paired by index (Hodges-Lehmann, 95% interval); the "
-        "straggler is judged on the local step where it was measured, since a synchronised fast rank waits for "
-        "the slow one and reports its time", "scaling: weak (same batch per rank), median at 1 rank over at N"],
+        "exposed communication: step over local step, paired by index (Hodges-Lehmann, 95% interval)",
+        f"straggler: the slowest rank against the others' median at each step (paired, 95% interval), named at "
+        f"+{STRAGGLER_EXCESS:.0%} and p < {STRAGGLER_ALPHA} (p times the world size); judged on the local step where "
+        f"it was measured, since a synchronised fast rank waits for the slow one and reports its time", "scaling: weak (same batch per rank), median at 1 rank over at N"],
         wide)

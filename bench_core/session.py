@@ -288,6 +288,43 @@ class BenchSession:
         self.results.append(m)
         return m, c
 
+    def ab_distributed(self, name: str, build: Callable, baseline: Mapping[str, Any], candidate: Mapping[str, Any],
+                       *, nproc: int = 2, params: Mapping[str, Any] | None = None, rounds: int = 8, pairs: int = 4,
+                       warmup: int = 1, alpha: float = 0.01, min_effect: float = 0.01):
+        """Two configurations of a distributed scenario (`baseline` and `candidate`: the parameters each side's
+        `build(ctx)` gets on top of `params`), in the same ranks, rounds of fresh instances of both; decided
+        like `ab_rounds` on the slowest rank of each step, after checking both sides start and end equal."""
+        import sys
+
+        from .distributed import Topology, ab_result, builder_location, preflight, run_ranks
+        from .interleaved import source_identity
+
+        topology = self.config.topology or Topology(nproc)
+        if self.config.quick:
+            rounds, pairs, warmup = 3, 2, 0
+        try:
+            backend = preflight(name, topology, self.config.device)
+            file, function = builder_location(name, build)
+            spec = {"scenario": name, "builder_file": file, "builder": function,
+                    "import_roots": [p for p in sys.path if p], "params": dict(params or {}),
+                    "device": self.config.device, "quick": self.config.quick, "warmup": warmup, "rounds": rounds,
+                    "pairs": pairs, "seed": 0, "threads": self.config.threads, "backend": backend,
+                    "ab": {"baseline": dict(baseline), "candidate": dict(candidate)},
+                    "collective_timeout_s": self.config.timeout_s or 1800}
+            doc = run_ranks(name, spec, topology, self.config.timeout_s)
+        except ScenarioError as exc:
+            self.errors.append((name, exc.problem))
+            raise
+        code = source_identity(build)
+        res = ab_result(doc, alpha=alpha, min_effect=min_effect, environment=self.environment,
+                        params={"device": self.config.device, "rounds": rounds, "pairs": pairs, "warmup": warmup,
+                                "alpha": alpha, "min_effect": min_effect, "seed": 0, "shared_params": dict(params or {}),
+                                "order": "random per pair; both sides built anew every round, in the same ranks"},
+                        identities={"baseline": {**code, "params": dict(baseline)},
+                                    "candidate": {**code, "params": dict(candidate)}})
+        self.decisions.append((name, res))
+        return res
+
     # -- side by side with another revision -------------------------------------------------------
     def open_revision(self, root: Path) -> None:
         """Extract --bench-against's revision and make it importable beside the current code."""
@@ -538,7 +575,8 @@ class BenchSession:
         if not self.results and not self.errors and not self.decisions:
             return []
         wide = self.config.wide
-        out = [("bench_core results", session_table(self.results, self.errors, wide=wide))]
+        out = [("bench_core results", session_table(self.results, self.errors, wide=wide))] \
+            if self.results or self.errors else []   # a session of A/B decisions only has no results table
         if any(m.ranks is not None for m in self.results):
             from .report import ranks_table
 

@@ -29,7 +29,8 @@ def ddp_mlp(ctx) -> RankStep:
     d, h, batch = _mlp_sizes(ctx)
     return ddp_training(ctx, lambda: MLP(d, h), lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
                         _mlp_shard(d, batch), nn.functional.cross_entropy,
-                        bucket_cap_mb=ctx.params.get("bucket_cap_mb", 25))
+                        bucket_cap_mb=ctx.params.get("bucket_cap_mb", 25),
+                        gradient_as_bucket_view=ctx.params.get("gradient_as_bucket_view", False))
 
 
 def ddp_cnn(ctx) -> RankStep:
@@ -117,3 +118,13 @@ def test_fsdp2_train_step(bench):
     scenario = _scenario("fsdp2_train_step[mlp]", f"MLP({d}->{h}x3->10)", batch, "FSDP2 fully_shard per Linear")
     m = bench.run_distributed(scenario, fsdp_mlp, nproc=2, items_per_rank=batch)
     assert m.ranks.reference is not None and m.ranks.reference["ok"]
+
+
+def test_ddp_bucket_settings_ab(bench):
+    """Does gradient bucketing matter here? DDP's default (25 MB buckets, gradients copied into them) against
+    1 MB buckets with gradients as views of the buckets: the same start on every rank, the same result
+    required, then timed pair by pair in the same ranks, both built anew every round."""
+    res = bench.ab_distributed("ddp_mlp: 1 MB buckets, gradient_as_bucket_view vs default", ddp_mlp,
+                               baseline={"bucket_cap_mb": 25}, candidate={"bucket_cap_mb": 1,
+                                                                          "gradient_as_bucket_view": True})
+    assert res.correctness["start_max_abs_diff"] == 0.0 and res.correctness["ok"]

@@ -50,7 +50,18 @@ def test_straggler_is_named_from_the_local_step_with_its_excess():
     st = straggler(_samples(synced, [fast, slow]))
     assert (st.rank, st.named, st.figure) == (1, True, "local step")
     assert st.excess == pytest.approx(0.2, abs=1e-9)
-    assert st.p_value < 1e-6
+    assert st.ci_low == pytest.approx(0.2, abs=1e-9) and st.ci_high == pytest.approx(0.2, abs=1e-9)
+    assert st.p_value < 1e-3
+
+
+def test_a_straggler_is_judged_step_by_step_so_the_machines_drift_cancels():
+    drift = [10.0 * (1 + 0.5 * i / 20) for i in range(20)]          # the whole machine slows by half over the run
+    a = [v * (1 + 0.002 * (i % 3)) for i, v in enumerate(drift)]
+    b = [v * 1.06 * (1 + 0.002 * ((i + 1) % 3)) for i, v in enumerate(drift)]
+    st = straggler(_samples([a, b]))
+    assert st.rank == 1 and st.named and st.excess == pytest.approx(0.06, abs=0.005)
+    three = straggler(_samples([a, a, b]))
+    assert three.rank == 2 and three.excess == pytest.approx(0.06, abs=0.005)
 
 
 def test_a_small_or_insignificant_difference_names_no_straggler():
@@ -230,10 +241,10 @@ def test_two_ranks_gathered_aligned_straggler_named_exposure_measured(no_rank_le
 
 def test_a_rank_that_hangs_is_ended_within_the_limit_and_named(no_rank_left):
     with pytest.raises(ScenarioError) as err:
-        run_ranks("hang", _spec("hanging"), Topology(2), timeout_s=10)
+        run_ranks("hang", _spec("hanging"), Topology(2), timeout_s=8)
     text = str(err.value)
     # rank 0 waits inside DDP's first broadcast for rank 1, which never comes: both are in 'build'
-    assert "past the time limit of 10 s" in text and "rank 1 in 'build'" in text and "--bench-timeout" in text
+    assert "past the time limit of 8 s" in text and "rank 1 in 'build'" in text and "--bench-timeout" in text
 
 
 def test_two_launcher_agents_on_one_machine_form_one_world(no_rank_left):
@@ -258,3 +269,90 @@ def test_two_launcher_agents_on_one_machine_form_one_world(no_rank_left):
         rs = samples_from(found[k])
         assert (rs.world_size, rs.nnodes) == (2, 2) and len(rs.host_ms) == 2 and rs.replicas_max_abs_diff == 0.0
     assert os.environ.get("RANK") is None   # nothing leaked into this process
+
+
+# -- A/B of two configurations in the same ranks (pure decision over a made-up gathered result) ----------------
+def _ab_doc(speed=0.8, start=0.0, end=0.0, ok=True, rounds=6, pairs=4):
+    import math
+
+    ranks = []
+    for r in range(2):
+        doc = {}
+        for j, (side, level) in enumerate((("baseline", 10.0), ("candidate", 10.0 * speed))):
+            rnds = [{"host_ms": [level * (1 + 0.01 * math.sin(7 * k + 3 * i + r + 5 * j)) for i in range(pairs)],
+                     "gpu_ms": None}
+                    for k in range(rounds)]
+            doc[side] = {"cold_host_ms": 40.0, "cold_gpu_ms": None, "rounds": rnds}
+        ranks.append({"rank": r, **doc})
+    return {"world_size": 2, "backend": "gloo", "ranks": ranks,
+            "correctness": {"start_max_abs_diff": start, "end_max_abs_diff": end, "ok": ok, "steps": 5,
+                            "rtol": 1e-4, "atol": 1e-5}}
+
+
+def test_distributed_ab_decides_on_the_slowest_rank_over_rounds():
+    from bench_core.distributed import ab_result
+    from bench_core.interleaved import FASTER, NO_DIFFERENCE
+
+    res = ab_result(_ab_doc(0.8), alpha=0.01, min_effect=0.01, params={}, identities={}, environment={})
+    assert res.verdict == FASTER and res.speedup == pytest.approx(1.25, rel=0.02) and res.ci_low > 1.2
+    assert len(res.baseline_ms) == 24 and res.params["figure"] == "slowest rank per step"
+    same = ab_result(_ab_doc(1.0), alpha=0.01, min_effect=0.01, params={}, identities={}, environment={})
+    assert same.verdict == NO_DIFFERENCE
+
+
+def test_distributed_ab_rejects_a_candidate_that_starts_elsewhere_or_ends_different():
+    from bench_core.distributed import ab_result
+    from bench_core.interleaved import REJECTED
+
+    moved = ab_result(_ab_doc(0.5, start=0.1, ok=False), alpha=0.01, min_effect=0.01, params={}, identities={},
+                      environment={})
+    assert moved.verdict == REJECTED and "did not start from the same parameters" in moved.reason
+    assert moved.speedup is None                    # twice as fast, and no speed verdict: it is wrong
+    wrong = ab_result(_ab_doc(0.5, end=0.03, ok=False), alpha=0.01, min_effect=0.01, params={}, identities={},
+                      environment={})
+    assert wrong.verdict == REJECTED and "differ by 0.03" in wrong.reason
+
+
+# -- the gate on distributed scenarios: each launch faked, so the gate's protocol is exact ------------------------
+def _fake_launches(monkeypatch, levels, calls):
+    """run_ranks replaced: the k-th launch's ranks step at levels[k] ms (rank 1 a little slower)."""
+    import bench_core.distributed as dist_mod
+
+    def fake(name, spec, topology, timeout_s, launch=0):
+        level = levels[min(len(calls), len(levels) - 1)]
+        calls.append((launch, spec.get("validate")))
+        n = spec["repeats"]
+        ranks = [{"rank": r, "host": "h", "pid": 1, "threads": 1, "cold_ms": 9.0, "cold_host_ms": 9.0,
+                  "cold_gpu_ms": None, "host_ms": [level * (1 + 0.02 * r + 0.001 * (i % 3)) for i in range(n)],
+                  "gpu_ms": None, "local_host_ms": None, "local_gpu_ms": None} for r in range(topology.nproc)]
+        return {"world_size": topology.nproc, "nnodes": 1, "backend": "gloo", "ranks": ranks,
+                "replicas_max_abs_diff": 0.0, "reference": None}
+    monkeypatch.setattr(dist_mod, "run_ranks", fake)
+
+
+def test_a_slower_distributed_step_fails_the_gate_after_fresh_launches(tmp_path, monkeypatch):
+    from bench_core.session import BenchSession, SessionConfig
+    from helpers import ENV
+
+    sys.path.insert(0, str(HERE))
+    try:
+        import rank_builders
+    finally:
+        sys.path.remove(str(HERE))
+    scenario = Scenario("ddp", ("forward", "backward"))
+    for i in range(3):   # a baseline of three runs, each one launch
+        calls = []
+        _fake_launches(monkeypatch, [10.0 + 0.05 * i], calls)
+        s = BenchSession(SessionConfig(results_dir=None, baselines_dir=tmp_path, save="d", append=i > 0, repeats=10,
+                                       warmup=0), ENV)
+        s.run_distributed(scenario, rank_builders.plain, nproc=2, items_per_rank=4)
+        assert calls == [(1, True)]
+        s.finish()
+    calls = []
+    _fake_launches(monkeypatch, [13.0], calls)   # 30% slower in every launch
+    s = BenchSession(SessionConfig(results_dir=None, baselines_dir=tmp_path, compare="d", repeats=10, warmup=0), ENV)
+    m, c = s.run_distributed(scenario, rank_builders.plain, nproc=2, items_per_rank=4)
+    assert c.verdict == "slower" and s.fails(c)
+    assert len(calls) >= 3 and [k for k, _ in calls] == list(range(1, len(calls) + 1))   # one rendezvous per launch
+    assert all(v is False for _, v in calls[1:])          # replicas are timed, not validated again
+    assert m.ranks.world_size == 2 and m.items == 8 and m.scenario.metadata["world_size"] == 2
