@@ -74,16 +74,25 @@ def preflight(name: str, topology: Topology, device: str, torch_module=None) -> 
         raise ScenarioError(name, f"torch.distributed's {backend} backend is not in this torch build, and "
                                   f"{device} ranks need it: install a torch build with {backend}")
     if device == "cuda":
-        count = torch.cuda.device_count()
-        if topology.nproc > count:
-            raise ScenarioError(name, f"{topology.nproc} ranks on this host need one GPU each, and it has {count}: "
-                                      f"pass --bench-nproc {max(count, 1)} or fewer")
+        short = gpus_short(topology.nproc, torch)
+        if short:
+            raise ScenarioError(name, short)
     if topology.endpoint is not None and topology.node_rank == 0:
         host, _, port = topology.endpoint.rpartition(":")
         if not port_free(host, int(port)):
             raise ScenarioError(name, f"port {port} on {host} is in use, so node 0 cannot host the rendezvous "
                                       f"there: pick a free port in --bench-rdzv-endpoint (the same on every host)")
     return backend
+
+
+def gpus_short(nproc: int, torch_module=None) -> str | None:
+    """Why `nproc` ranks cannot have a GPU each on this host, or None when they can."""
+    import torch
+
+    count = (torch_module or torch).cuda.device_count()
+    if nproc <= count:
+        return None
+    return f"{nproc} ranks on this host need one GPU each, and it has {count}: pass --bench-nproc {max(count, 1)} or fewer"
 
 
 def port_free(host: str, port: int) -> bool:

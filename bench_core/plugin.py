@@ -345,6 +345,7 @@ class BenchFixture:
         if session.revision is not None:
             pytest.skip(f"{OPT_AGAINST} does not compare distributed scenarios yet; gate them against a stored "
                         f"baseline ({OPT_COMPARE})")
+        self._skip_without_gpus(scenario.name, nproc)
         try:
             m, c = session.run_distributed(scenario, build, nproc=nproc, params=params, **kwargs)
         except ScenarioError as exc:
@@ -356,14 +357,26 @@ class BenchFixture:
             pytest.fail(f"scenario {m.name!r}: " + "; ".join(wrong), pytrace=False)
         return self._reported(m, c)
 
-    def ab_distributed(self, name, build, *, baseline, candidate, **kwargs):
+    def _skip_without_gpus(self, name, nproc):
+        """A scenario's own world size on a runner with fewer GPUs is skipped, saying so; a --bench-nproc the
+        runner cannot give is an error (raised when the launch is checked)."""
+        config = self._session.config
+        if config.topology is None and config.device == "cuda":
+            from bench_core.distributed import gpus_short
+
+            short = gpus_short(nproc)
+            if short:
+                pytest.skip(f"{name}: {short}")
+
+    def ab_distributed(self, name, build, *, baseline, candidate, nproc=2, **kwargs):
         """Two configurations of a distributed scenario (the builder parameters of each side), timed in the same
         ranks and decided; a candidate that does not start and end equal to the baseline fails this test."""
         from bench_core.errors import ScenarioError
         from bench_core.interleaved import REJECTED
 
+        self._skip_without_gpus(name, nproc)
         try:
-            res = self._session.ab_distributed(name, build, baseline, candidate, **kwargs)
+            res = self._session.ab_distributed(name, build, baseline, candidate, nproc=nproc, **kwargs)
         except ScenarioError as exc:
             pytest.fail(self._session.shown(str(exc)), pytrace=False)
         self._node.user_properties.append(("bench_ab_verdict", res.verdict))

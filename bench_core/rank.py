@@ -297,6 +297,26 @@ def measure_rank(me: _Rank) -> dict:
     return {"ranks": everyone, "replicas_max_abs_diff": diff, "reference": reference}
 
 
+def profile_rank(me: _Rank) -> dict:
+    """The diagnose pass, in every rank: a fresh instance, a first step and the warmup untimed, then the profiler
+    over the same steps on every rank; each rank writes its own redacted trace, under a new name."""
+    from .diagnose import ProfileConfig, profile
+
+    spec = me.spec
+    cfg = ProfileConfig(**{**spec["profile"], "folder": Path(spec["profile"]["folder"])})
+    me.status("build")
+    inst = me.build()
+    for i in range(1 + spec["warmup"]):
+        me.untimed(inst.step, f"step {i} before profiling")
+    me.status("profiling")
+    me.dist.barrier()
+    res = profile(f"{spec['scenario']}.rank{me.rank}", inst.step, cfg)
+    return {"ranks": me.gathered({"profile": {
+        "scenario": res.scenario, "trace": None if res.trace_path is None else str(res.trace_path),
+        "redaction": res.redaction, "table": res.table, "facts": res.facts.to_dict(),
+        "hypotheses": [h.to_dict() for h in res.hypotheses], "refused": res.refused}})}
+
+
 SIDES = ("baseline", "candidate")
 
 
@@ -365,7 +385,7 @@ def run_rank(spec: Mapping[str, Any], status: Callable[[str], None]) -> dict | N
     dist.init_process_group(spec["backend"], timeout=datetime.timedelta(seconds=spec["collective_timeout_s"]))
     try:
         me = _Rank(spec, status)
-        out = ab_rank(me) if spec.get("ab") else measure_rank(me)
+        out = ab_rank(me) if spec.get("ab") else profile_rank(me) if spec.get("profile") else measure_rank(me)
         status("done")
         if me.local_rank != 0:
             return None

@@ -16,7 +16,7 @@ import numpy as np
 from .errors import InvalidRecord
 from .stats import paired_ratio, summarize
 
-STRAGGLER_EXCESS = 0.05   # a rank this much slower than the others' median, and significantly so, is named
+STRAGGLER_EXCESS = 0.05   # a rank whose whole interval is this much slower than the others, significantly, is named
 STRAGGLER_ALPHA = 0.01
 
 
@@ -126,7 +126,7 @@ class Straggler:
     ci_low: float             # the excess's 95% interval
     ci_high: float
     p_value: float            # Wilcoxon signed-rank over steps, times the world size (the rank was picked as the slowest)
-    named: bool               # excess >= STRAGGLER_EXCESS and p < STRAGGLER_ALPHA
+    named: bool               # p < STRAGGLER_ALPHA and the whole interval at or beyond +STRAGGLER_EXCESS
     figure: str               # which samples: "local step" (no waiting for peers) or "step"
 
 
@@ -135,7 +135,9 @@ def straggler(samples: RankSamples) -> Straggler | None:
 
     Every rank runs step i at the same time, so the slowest rank is compared step by step with the median of the
     others at that step: whatever the machine did at that moment cancels. It was picked as the slowest of
-    `world_size`, so its p is multiplied by that (Bonferroni). In a synchronised step a fast rank waits inside
+    `world_size`, so its p is multiplied by that (Bonferroni); it is named when that p is below STRAGGLER_ALPHA
+    and its whole interval is at least STRAGGLER_EXCESS slower (as a change must clear a noise threshold). In a
+    synchronised step a fast rank waits inside
     the collective for the slow one, so both report nearly the slow time; the step with synchronisation off has
     no waiting, so it shows each rank's own pace and is used where it was measured. On a shared CPU one process
     can keep a bias of several percent for its whole life: a rank named in one launch and not the next is such
@@ -154,7 +156,7 @@ def straggler(samples: RankSamples) -> Straggler | None:
     p = min(1.0, r.p_value * samples.world_size)
     excess = r.ratio - 1
     return Straggler(top, float(medians[top]), float(np.median(others)), excess, r.ci_low - 1, r.ci_high - 1, p,
-                     excess >= STRAGGLER_EXCESS and p < STRAGGLER_ALPHA, figure)
+                     r.ci_low - 1 >= STRAGGLER_EXCESS and p < STRAGGLER_ALPHA, figure)
 
 
 @dataclass(frozen=True)

@@ -380,7 +380,9 @@ def ranks_table(results: Sequence[Measurement], wide: bool = False) -> str:
         "step ms: median over steps of the slowest rank's time for each step (steps aligned by index, a barrier "
         "before each window, none inside); local: the same step with gradient sync off, interleaved with it",
         "exposed communication: step over local step, paired by index (Hodges-Lehmann, 95% interval)",
-        f"straggler: the slowest rank against the others' median at each step (paired, 95% interval), named at "
-        f"+{STRAGGLER_EXCESS:.0%} and p < {STRAGGLER_ALPHA} (p times the world size); judged on the local step where "
-        f"it was measured, since a synchronised fast rank waits for the slow one and reports its time", "scaling: weak (same batch per rank), median at 1 rank over at N"],
+        f"straggler: the slowest rank against the others' median at each step (paired, 95% interval), named when the "
+        f"whole interval is beyond +{STRAGGLER_EXCESS:.0%} and p < {STRAGGLER_ALPHA} (p times the world size); judged "
+        f"on the local step where it was measured, since a synchronised fast rank waits for the slow one and reports "
+        f"its time. One launch's straggler may be one process's bias (several percent on a shared CPU): a slow host "
+        f"or device is slow in every launch", "scaling: weak (same batch per rank), median at 1 rank over at N"],
         wide)

@@ -286,7 +286,37 @@ class BenchSession:
                 self.errors.append((scenario.name, exc.problem))
             raise
         self.results.append(m)
+        if self.config.profile is not None:   # after the measurement, in a launch of its own
+            self.profile_distributed(scenario.name, {**spec, "validate": False}, topology)
         return m, c
+
+    def profile_distributed(self, name: str, spec: Mapping[str, Any], topology) -> None:
+        """The diagnose pass of a distributed scenario: one trace per rank, each with its hypotheses, and what the
+        ranks' traces say together (communication not overlapped, a rank the others wait for) in a file beside."""
+        from dataclasses import asdict
+
+        from .diagnose import ProfileResult
+        from .distributed import run_ranks
+        from .redact import redact
+        from .trace_analysis import Hypothesis, TraceFacts, rank_hypotheses
+
+        cfg = {k: v for k, v in asdict(self.config.profile).items()}
+        cfg["folder"] = str(Path(cfg["folder"]).resolve())
+        doc = run_ranks(name, {**spec, "scenario": name, "profile": cfg}, topology, self.config.timeout_s, launch=0)
+        facts = [TraceFacts.from_dict(r["profile"]["facts"]) for r in doc["ranks"]]
+        together = rank_hypotheses(facts)
+        for r, f in zip(doc["ranks"], facts):
+            p = r["profile"]
+            rows = tuple(Hypothesis(**h) for h in p["hypotheses"])
+            if r["rank"] == 0:   # the ranks' joint rows once, with rank 0's report
+                rows += tuple(together)
+            self.profiles.append(ProfileResult(p["scenario"], None if p["trace"] is None else Path(p["trace"]),
+                                               p["redaction"], p["table"], f, rows, p["refused"]))
+        if together:
+            clean, _ = redact([h.to_dict() for h in together])
+            storage.write_rank_hypotheses(Path(cfg["folder"]), redact(name)[0], {
+                "scenario": redact(name)[0], "traces": [r["profile"]["trace"] for r in doc["ranks"]],
+                "facts": [f.to_dict() for f in facts], "hypotheses": clean})
 
     def ab_distributed(self, name: str, build: Callable, baseline: Mapping[str, Any], candidate: Mapping[str, Any],
                        *, nproc: int = 2, params: Mapping[str, Any] | None = None, rounds: int = 8, pairs: int = 4,

@@ -525,6 +525,12 @@ def write_hypotheses(trace: Path, doc: Mapping[str, Any]) -> Path:
                      _dump(dict(doc)))
 
 
+def write_rank_hypotheses(folder: Path, scenario: str, doc: Mapping[str, Any]) -> Path:
+    """What a distributed scenario's traces say together (`NAME.ranks.hypotheses.json`), under a new name."""
+    return _write_new(Path(folder), safe_stem(scenario, "scenario"), _dump(dict(doc)), suffix=".ranks.hypotheses.json",
+                      stamped=False)
+
+
 # -- torch files: starting states and correctness references --------------------------------------------
 def _write_torch(path: Path, doc: Mapping[str, Any], overwrite: bool) -> Path:
     import io

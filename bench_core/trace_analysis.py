@@ -35,9 +35,92 @@ class TraceFacts:
     gpu_busy_us: float | None            # per step; None when GPU activity was not observed
     stage_us: Mapping[str, float]        # per step, from stage:: labels
     notes: tuple[str, ...] = ()
+    comm_us: float | None = None         # per step, collectives in flight (gloo's threads, NCCL kernels); None: none seen
+    comm_overlap_us: float | None = None  # per step, the part of comm_us with computation running beside it
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "stage_us": dict(self.stage_us), "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "TraceFacts":
+        return cls(**{**d, "stage_us": dict(d.get("stage_us") or {}), "notes": tuple(d.get("notes") or ())})
+
+
+COMM_WORDS = ("all_reduce", "allreduce", "reduce_scatter", "all_gather", "allgather", "broadcast")
+
+
+def _is_collective(e: Mapping) -> bool:
+    """A collective's own span: gloo runs it on threads of its own (`gloo:all_reduce`); NCCL as device kernels."""
+    name = str(e.get("name", "")).lower()
+    if e.get("cat") == "kernel":
+        return name.startswith("nccl")
+    return name.startswith("gloo:") or name.startswith("nccl:") and e.get("cat") != "cpu_op"
+
+
+def comm_facts(ev: Sequence[Mapping], steps: int) -> tuple[float | None, float | None]:
+    """(collective time, the part of it with computation beside it), per step; (None, None) with no collective.
+
+    Computation is the device's other kernels where the trace has them, else the operators of the thread that
+    ran the profiler steps (on the CPU, autograd runs backward on the calling thread)."""
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in ev if _is_collective(e)]
+    if not comm:
+        return None, None
+    n = max(steps, 1)
+    kernels = [e for e in ev if e.get("cat") == "kernel" and not _is_collective(e)]
+    if kernels:
+        busy = [(e["ts"], e["ts"] + e["dur"]) for e in kernels]
+    else:
+        main = {e.get("tid") for e in ev if STEP_RE.match(str(e.get("name", "")))}
+        busy = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "cpu_op" and e.get("tid") in main
+                and str(e.get("name", "")).startswith("aten::")]
+    merged = _merged(comm)
+    return _union_us(comm) / n, _overlap_us(merged, busy) / n
+
+
+def _merged(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def rank_hypotheses(by_rank: Sequence[TraceFacts], *, exposed_share: float = 0.2, wait_share: float = 0.1
+                    ) -> list[Hypothesis]:
+    """What the ranks' traces say together: communication the step does not hide, and a rank the others wait for.
+
+    A collective finishes only when the last rank arrives, so the ranks that arrive first spend longer in it: the
+    rank with the least time in collectives is the one the others wait for."""
+    seen = [(r, f) for r, f in enumerate(by_rank) if f.comm_us is not None and f.step_us]
+    if not seen:
+        return []
+    rows = []
+    exposed = [(f.comm_us - (f.comm_overlap_us or 0.0), f) for _, f in seen]
+    mean_exposed = sum(x for x, _ in exposed) / len(exposed)
+    mean_step = sum(f.step_us for _, f in seen) / len(seen)
+    mean_comm = sum(f.comm_us for _, f in seen) / len(seen)
+    if mean_exposed / mean_step >= exposed_share:
+        rows.append(Hypothesis(
+            "comm_not_overlapped",
+            f"collectives are in flight {mean_comm:.0f} us per step, {mean_exposed:.0f} us of it with no computation "
+            f"beside them ({mean_exposed / mean_step:.0%} of the {mean_step:.0f} us step; mean over {len(seen)} ranks)",
+            "communication not overlapped: gradients are reduced after backward instead of while it runs (buckets "
+            "too large, the last bucket late, or a waiting peer)",
+            "the exposed-communication column (step vs no_sync step), then bench.ab_distributed on bucket_cap_mb, "
+            "gradient_as_bucket_view, static_graph or a compression hook"))
+    (slow, fs), (waits, fw) = min(seen, key=lambda x: x[1].comm_us), max(seen, key=lambda x: x[1].comm_us)
+    gap = fw.comm_us - fs.comm_us
+    if slow != waits and gap >= wait_share * mean_step:
+        rows.append(Hypothesis(
+            "rank_waits",
+            f"rank {waits} spends {fw.comm_us:.0f} us per step in collectives, rank {slow} {fs.comm_us:.0f} us: "
+            f"rank {waits} waits {gap:.0f} us per step ({gap / mean_step:.0%} of the step)",
+            f"rank {slow} arrives last at each collective: it is slower (more work, a slower device or host, "
+            f"other processes) and the others wait for it",
+            f"the straggler column (local step, per rank), then profile rank {slow}'s trace for where its step differs"))
+    return rows
 
 
 def _complete(events: Iterable[Mapping]) -> list[Mapping]:
@@ -97,7 +180,9 @@ def facts(events: Iterable[Mapping]) -> TraceFacts:
         notes.append("no ProfilerStep markers: per-step figures are over the whole trace")
     if not gpu:
         notes.append("GPU activity not observed in this trace")
+    comm, overlap = comm_facts(ev, len(steps))
     return TraceFacts(
+        comm_us=comm, comm_overlap_us=overlap,
         steps=len(steps),
         step_us=(sum(e["dur"] for e in steps) / len(steps)) if steps else None,
         gpu_observed=bool(gpu),
@@ -238,6 +323,8 @@ def hypotheses_table(rows: Sequence[Hypothesis], f: TraceFacts, fmt: str = "simp
 
     head = (f"{f.steps} profiled steps; step {f.step_us:.0f} us" if f.step_us else f"{f.steps} profiled steps")
     head += "; GPU busy " + (f"{f.gpu_busy_us:.0f} us/step" if f.gpu_busy_us is not None else "not observed")
+    if f.comm_us is not None:
+        head += f"; collectives {f.comm_us:.0f} us/step, {f.comm_overlap_us or 0.0:.0f} us of it beside computation"
     if f.stage_us:
         head += "; stages (us/step): " + ", ".join(f"{k} {v:.0f}" for k, v in f.stage_us.items())
     if not rows:

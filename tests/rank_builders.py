@@ -24,8 +24,13 @@ def paced(ctx) -> RankStep:
     p = ctx.params
     inner = _mlp(ctx)
     pace = p["base_ms"] / 1e3 * (1.2 if ctx.rank == p.get("slow_rank") else 1.0)
+    before = p.get("slow_ms", 0.0) / 1e3 if ctx.rank == p.get("slow_rank") else 0.0
 
     def step():
+        time.sleep(before)                 # before the gradients' all-reduce: the other ranks wait for this one
+        return synced()
+
+    def synced():
         out = inner.step()
         time.sleep(pace)
         time.sleep(p["comm_ms"] / 1e3)    # stands for gradient traffic the step cannot hide

@@ -306,3 +306,42 @@ def test_f(bench):
     text = res.stdout.str()
     flops_table = text[text.index("MFLOP (estimate)"):]
     assert "aten::relu" not in flops_table.split("Self CPU time total")[0]
+
+
+# -- collectives in a trace, and what the ranks' traces say together -------------------------------------------
+def _x(name, ts, dur, tid, cat="cpu_op"):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "cat": cat}
+
+
+def test_collective_time_and_its_overlap_with_computation_on_the_cpu():
+    from bench_core.trace_analysis import facts
+
+    ev = [_x("ProfilerStep#1", 0, 1000, 1, "user_annotation"), _x("aten::mm", 0, 400, 1),
+          _x("gloo:all_reduce", 300, 400, 7, "user_annotation"),     # on gloo's own thread
+          _x("aten::mm", 500, 50, 9)]                                 # another thread's op is not the step's compute
+    f = facts(ev)
+    assert (f.comm_us, f.comm_overlap_us) == (400.0, 100.0)
+
+
+def test_collective_time_on_the_gpu_is_nccl_kernels_beside_other_kernels():
+    from bench_core.trace_analysis import facts
+
+    ev = [_x("ProfilerStep#1", 0, 1000, 1, "user_annotation"),
+          _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 300, 400, 8, "kernel"), _x("sgemm_128x64", 0, 400, 7, "kernel")]
+    f = facts(ev)
+    assert (f.comm_us, f.comm_overlap_us) == (400.0, 100.0)
+    assert facts([_x("ProfilerStep#1", 0, 1000, 1, "user_annotation")]).comm_us is None   # no collective: not 0
+
+
+def test_the_ranks_traces_together_say_communication_is_exposed_and_who_waits():
+    from bench_core.trace_analysis import TraceFacts, rank_hypotheses
+
+    def f(comm, overlap):
+        return TraceFacts(3, 10000.0, False, None, {}, (), comm, overlap)
+    rows = rank_hypotheses([f(5000.0, 500.0), f(1000.0, 500.0)])
+    assert [r.rule for r in rows] == ["comm_not_overlapped", "rank_waits"]
+    assert "5000 us of it" not in rows[0].observation and "25%" in rows[0].observation
+    assert rows[1].observation.startswith("rank 0 spends 5000 us") and "rank 1 arrives last" in rows[1].hypothesis
+    hidden = rank_hypotheses([f(1000.0, 900.0), f(1000.0, 950.0)])
+    assert hidden == []                                   # overlapped, and nobody waits
+    assert rank_hypotheses([TraceFacts(3, 10000.0, False, None, {})] * 2) == []

@@ -221,33 +221,42 @@ def no_rank_left():
     assert _rank_pids() - before == set(), "a rank process outlived its launch"
 
 
-def test_two_ranks_gathered_aligned_straggler_named_exposure_measured(no_rank_left):
-    params = {"base_ms": 20.0, "comm_ms": 8.0, "slow_rank": 1}
-    doc = run_ranks("paced", _spec("paced", params=params), Topology(2), timeout_s=120)
-    rs = samples_from(doc)
-    assert rs.world_size == 2 and [len(r) for r in rs.host_ms] == [12, 12] and [len(r) for r in rs.local_host_ms] == [12, 12]
-    st = straggler(rs)
-    assert st.rank == 1 and st.named and st.figure == "local step"
-    assert 0.1 < st.excess < 0.35           # made 20% slower; sleeps overshoot a little on a busy machine
-    ex = exposure(rs)
-    assert 5.0 < ex.exposed_ms < 12.0       # 8 ms added after the all-reduce of the synchronised step
-    assert rs.replicas_max_abs_diff == 0.0  # DDP replicas, after steps and local steps put back
-    assert rs.reference["ok"] and rs.reference["steps"] == 3
-    m = measurement_from(Scenario("paced", ("forward",)), doc, device="cpu", warmup=1, repeats=12,
-                         items_per_rank=8, environment={})
-    assert m.host_ms == max_over_ranks(rs.host_ms) and [r for r, *_ in rank_rows(rs)] == [0, 1]
-    assert "rank 1 +" in ranks_table([m], wide=True)
+def test_a_rank_that_raises_fails_the_scenario_with_its_traceback(no_rank_left):
+    with pytest.raises(ScenarioError) as err:
+        run_ranks("crash", _spec("crashing"), Topology(2), timeout_s=120)
+    text = str(err.value)
+    assert text.startswith("scenario 'crash': rank 1 failed during 'build'")
+    assert "RuntimeError: rank 1 cannot build: out of unicorns" in text and "rank_builders.py" in text
+
+
+def test_two_configurations_in_the_same_ranks_start_equal_end_equal_and_are_timed(tmp_path, no_rank_left):
+    from bench_core.session import BenchSession, SessionConfig
+    from helpers import ENV
+
+    sys.path.insert(0, str(HERE))
+    try:
+        import rank_builders
+    finally:
+        sys.path.remove(str(HERE))
+    s = BenchSession(SessionConfig(results_dir=None, baselines_dir=tmp_path, quick=True), ENV)
+    res = s.ab_distributed("pace", rank_builders.paced, {"base_ms": 20.0}, {"base_ms": 10.0},
+                           params={"comm_ms": 0.0})
+    assert res.correctness["start_max_abs_diff"] == 0.0 and res.correctness["ok"]    # the same tiny MLP trained
+    assert res.speedup > 1.3, res.speedup       # the candidate sleeps half as long: about 2x
+    assert res.params["world_size"] == 2 and len(res.baseline_ms) == 3 * 2       # quick: 3 rounds x 2 pairs
+    assert res.identities["candidate"]["params"] == {"base_ms": 10.0}
 
 
 def test_a_rank_that_hangs_is_ended_within_the_limit_and_named(no_rank_left):
     with pytest.raises(ScenarioError) as err:
-        run_ranks("hang", _spec("hanging"), Topology(2), timeout_s=8)
+        run_ranks("hang", _spec("hanging"), Topology(2), timeout_s=7)
     text = str(err.value)
     # rank 0 waits inside DDP's first broadcast for rank 1, which never comes: both are in 'build'
-    assert "past the time limit of 8 s" in text and "rank 1 in 'build'" in text and "--bench-timeout" in text
+    assert "past the time limit of 7 s" in text and "rank 1 in 'build'" in text and "--bench-timeout" in text
 
 
-def test_two_launcher_agents_on_one_machine_form_one_world(no_rank_left):
+def _two_agents(spec, timeout_s=120):
+    """Two launcher agents on this machine, one rank each, as two hosts would run them: (node 0's, node 1's)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -255,8 +264,7 @@ def test_two_launcher_agents_on_one_machine_form_one_world(no_rank_left):
 
     def node(k):
         try:
-            found[k] = run_ranks("two-hosts", _spec("plain", validate=False), Topology(1, 2, k, f"127.0.0.1:{port}"),
-                                 timeout_s=120)
+            found[k] = run_ranks(spec["scenario"], spec, Topology(1, 2, k, f"127.0.0.1:{port}"), timeout_s=timeout_s)
         except Exception as exc:  # noqa: BLE001 - reported below, with the node
             errors.append((k, exc))
     agents = [threading.Thread(target=node, args=(k,)) for k in (0, 1)]
@@ -265,9 +273,30 @@ def test_two_launcher_agents_on_one_machine_form_one_world(no_rank_left):
     for a in agents:
         a.join()
     assert not errors, errors
-    for k in (0, 1):   # every host gets the whole world's samples
-        rs = samples_from(found[k])
-        assert (rs.world_size, rs.nnodes) == (2, 2) and len(rs.host_ms) == 2 and rs.replicas_max_abs_diff == 0.0
+    return found[0], found[1]
+
+
+def test_two_hosts_gathered_aligned_straggler_named_exposure_measured(no_rank_left):
+    """Two launcher agents on localhost (`--nnodes 2`, c10d rendezvous) form one world of two ranks; every rank's
+    samples reach both hosts, a rank made 20% slower on purpose is named with its excess, 8 ms of communication
+    added after the all-reduce is found as exposed, and the DDP replicas and reference check out."""
+    params = {"base_ms": 20.0, "comm_ms": 8.0, "slow_rank": 1}
+    node0, node1 = _two_agents(_spec("paced", params=params))
+    assert node0["ranks"] == node1["ranks"]          # every host gets the whole world's samples
+    rs = samples_from(node0)
+    assert (rs.world_size, rs.nnodes) == (2, 2)
+    assert [len(r) for r in rs.host_ms] == [12, 12] and [len(r) for r in rs.local_host_ms] == [12, 12]
+    st = straggler(rs)
+    assert st.rank == 1 and st.named and st.figure == "local step"
+    assert 0.1 < st.excess < 0.35           # made 20% slower; sleeps overshoot a little on a busy machine
+    ex = exposure(rs)
+    assert 5.0 < ex.exposed_ms < 12.0       # 8 ms added after the all-reduce of the synchronised step
+    assert rs.replicas_max_abs_diff == 0.0  # DDP replicas, after steps and local steps put back
+    assert rs.reference["ok"] and rs.reference["steps"] == 3
+    m = measurement_from(Scenario("paced", ("forward",)), node0, device="cpu", warmup=1, repeats=12,
+                         items_per_rank=8, environment={})
+    assert m.host_ms == max_over_ranks(rs.host_ms) and [r for r, *_ in rank_rows(rs)] == [0, 1]
+    assert "rank 1 +" in ranks_table([m], wide=True) and "2 gloo on 2 hosts" in ranks_table([m], wide=True)
     assert os.environ.get("RANK") is None   # nothing leaked into this process
 
 
@@ -356,3 +385,22 @@ def test_a_slower_distributed_step_fails_the_gate_after_fresh_launches(tmp_path,
     assert len(calls) >= 3 and [k for k, _ in calls] == list(range(1, len(calls) + 1))   # one rendezvous per launch
     assert all(v is False for _, v in calls[1:])          # replicas are timed, not validated again
     assert m.ranks.world_size == 2 and m.items == 8 and m.scenario.metadata["world_size"] == 2
+
+
+def test_the_diagnose_pass_writes_one_trace_per_rank_and_says_who_waits(tmp_path, no_rank_left):
+    from bench_core.diagnose import ProfileConfig
+    from bench_core.session import BenchSession, SessionConfig
+    from helpers import ENV
+
+    s = BenchSession(SessionConfig(results_dir=None, baselines_dir=tmp_path, profile=ProfileConfig(tmp_path / "p")),
+                     ENV)
+    # rank 1 sleeps 20 ms before each step's all-reduce, so rank 0 waits for it inside the collective
+    spec = _spec("paced", params={"base_ms": 5.0, "comm_ms": 0.0, "slow_rank": 1, "slow_ms": 20.0}, validate=False)
+    s.profile_distributed("paced[x]", spec, Topology(2))
+    assert [p.scenario for p in s.profiles] == ["paced[x].rank0", "paced[x].rank1"]
+    traces = sorted(p.name for p in (tmp_path / "p").glob("*.trace.json"))
+    assert traces == ["paced_x_.rank0.trace.json", "paced_x_.rank1.trace.json"]
+    assert all(p.facts.comm_us is not None for p in s.profiles)
+    rules = [h.rule for h in s.profiles[0].hypotheses]
+    assert "rank_waits" in rules and "rank 1 arrives last" in " ".join(h.hypothesis for h in s.profiles[0].hypotheses)
+    assert list((tmp_path / "p").glob("paced_x_.ranks.hypotheses.json"))
