@@ -81,7 +81,11 @@ class ABResult:
 
     @property
     def speedup_text(self) -> str:
-        return "-" if self.speedup is None else f"{self.speedup:.3f}x [{self.ci_low:.3f}, {self.ci_high:.3f}]"
+        if self.speedup is None:
+            return "-"
+        # rounds that all gave one ratio have a speedup and no interval: not observed, never a crash
+        ci = "n/o" if self.ci_low is None else f"{self.ci_low:.3f}, {self.ci_high:.3f}"
+        return f"{self.speedup:.3f}x [{ci}]"
 
     def table(self) -> str:
         from tabulate import tabulate

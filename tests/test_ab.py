@@ -212,3 +212,10 @@ def test_ab_tables_have_their_headers_over_their_columns_and_say_which_way_speed
     assert lines[0].index("callable") == lines[2].index(r.identities["baseline"]["name"])   # aligned
     for text in (r.table(), decisions_table([("x", r)])):
         assert "speedup: baseline time / candidate time (>1 = candidate faster)" in text
+
+
+def test_a_speedup_without_an_interval_is_shown_as_not_observed():
+    from bench_core.interleaved import NO_DIFFERENCE, ABResult
+
+    r = ABResult(NO_DIFFERENCE, "every round gave the same ratio", 1.25, None, None, None)
+    assert r.speedup_text == "1.250x [n/o]" and "1.250x [n/o]" in r.table()

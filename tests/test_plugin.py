@@ -527,7 +527,7 @@ def _fake_rank_launches(monkeypatch):
                 for side in ("baseline", "candidate"):
                     level = spec["ab"][side]["base_ms"]
                     row[side] = {"cold_host_ms": 50.0, "cold_gpu_ms": None, "rounds": [
-                        {"host_ms": [level * (1 + 0.01 * ((k + i + r + len(side)) % 3)) for i in range(spec["pairs"])],
+                        {"host_ms": [level * (1 + 0.01 * ((k * k + i + r + len(side)) % 5)) for i in range(spec["pairs"])],
                          "gpu_ms": None} for k in range(spec["rounds"])]}
             else:
                 row.update(cold_ms=9.0, cold_host_ms=9.0, cold_gpu_ms=None, gpu_ms=None, local_host_ms=None,
