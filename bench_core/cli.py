@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="candidate runs (separate processes) before slower/faster can be said (1: one run decides)")
     c.add_argument("--max-runs", type=int, default=None,
                    help="the replication budget the looks are planned for (alpha is split over them); "
-                        "default 5, or --min-runs if more")
+                        "default 7, or --min-runs if more")
     c.add_argument("--window", type=int, default=None, help="compare with the latest N baseline runs only")
     c.add_argument("--adjust", choices=("holm", "bonferroni", "bh"), default=d.adjust)
     c.add_argument("--allow-env-mismatch", action="store_true")

@@ -128,12 +128,12 @@ def paired_decision(base_ms, cand_ms, alpha: float = 0.01, min_effect: float = 0
 def speed_verdict(sp: float, lo: float, hi: float, p: float, alpha: float, min_effect: float) -> PairedDecision:
     """Faster / slower only when significant *and* the whole interval of the speedup is beyond min_effect."""
     if p < alpha and lo > 1 + min_effect:
-        return PairedDecision(FASTER, f"significant (p={p:.2g} < {alpha}) and the whole interval beyond "
+        return PairedDecision(FASTER, f"significant (p={p:.2g} < {alpha:.2g}) and the whole interval beyond "
                                       f"+{min_effect:.0%}", sp, lo, hi, p)
     if p < alpha and hi < 1 / (1 + min_effect):
-        return PairedDecision(SLOWER, f"significant (p={p:.2g} < {alpha}) and the whole interval beyond "
+        return PairedDecision(SLOWER, f"significant (p={p:.2g} < {alpha:.2g}) and the whole interval beyond "
                                       f"-{min_effect:.0%}", sp, lo, hi, p)
-    return PairedDecision(NO_DIFFERENCE, f"p={p:.2g}, interval [{lo:.3f}, {hi:.3f}] (needs p < {alpha} and a change "
+    return PairedDecision(NO_DIFFERENCE, f"p={p:.2g}, interval [{lo:.3f}, {hi:.3f}] (needs p < {alpha:.2g} and a change "
                                          f"beyond {min_effect:.0%})", sp, lo, hi, p)
 
 
@@ -189,7 +189,8 @@ def ab(baseline: Callable[[], Any], candidate: Callable[[], Any], *, device: str
 
 
 def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Callable[[], Callable[[], Any]], *,
-              device: str = "cpu", rounds: int = 12, pairs: int = 4, alpha: float = 0.01, min_effect: float = 0.01,
+              device: str = "cpu", rounds: int = 12, pairs: int = 4, max_rounds: int | None = None,
+              chase_p: float = 0.2, alpha: float = 0.01, min_effect: float = 0.01,
               seed: int = 0, correctness=None, state_hash: str | None = None,
               environment: Mapping[str, Any] | None = None, clock: Clock | None = None,
               backend: Backend | None = None, name: str = "ab") -> ABResult:
@@ -201,12 +202,26 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
     rounds' median log ratios), its interval (at 1 - alpha) and p (two-sided) come from a t-test over rounds, so the
     bias each instance carries (several percent on memory-bound and CNN work here) is inside the
     interval. Same verdict rule as `ab`.
+
+    Sequential, as `--bench-against` is: the first look after `rounds` rounds; a difference it leaves
+    undecided but likely (p < `chase_p`, either direction: a speed-up is what an A/B is usually after)
+    runs on, a look every `rounds` rounds, up to `max_rounds` (3 x rounds unless given; = rounds: one
+    look). Alpha is split over the looks (Bonferroni), so the error rate holds whatever the path, and the
+    interval shown is at that split level.
     """
+    from .compare import planned_looks
+
+    max_rounds = 3 * rounds if max_rounds is None else max_rounds
+    if max_rounds < rounds:
+        raise ScenarioError(name, f"max_rounds ({max_rounds}) must be at least rounds ({rounds})")
+    looks = planned_looks(rounds, max_rounds, rounds)
+    level = alpha / len(looks)
     for label, fn in (("make_baseline", make_baseline), ("make_candidate", make_candidate)):
         if not callable(fn):
             raise ScenarioError(name, f"{label} must be callable (a factory of steps), got {type(fn).__name__}")
     params = {"device": device, "rounds": rounds, "pairs": pairs, "alpha": alpha, "min_effect": min_effect,
-              "seed": seed, "order": "random per pair; both sides built anew every round"}
+              "seed": seed, "order": "random per pair; both sides built anew every round", "looks": list(looks),
+              "alpha_per_look": level, "chase_p": chase_p}
     first: dict[str, Callable] = {}
 
     def builder(label: str, make: Callable[[], Callable[[], Any]]):
@@ -223,8 +238,17 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
         return ABResult(REJECTED, "the candidate failed correctness, so it gets no speed verdict", None, None, None,
                         None, params=params, identities={}, correctness=corr, state_hash=state_hash,
                         environment=environment or {})
+    def go_on(res) -> bool:
+        flat = [x for side in ("baseline", "candidate") for r in res.primary(side) for x in r]
+        if min(flat) <= 0:
+            return False
+        d = rounds_decision(res.round_log_ratios, level, min_effect)
+        return d.verdict == NO_DIFFERENCE and d.p_value is not None and d.p_value < chase_p
+
     res = run_rounds({"baseline": builder("baseline", make_baseline), "candidate": builder("candidate", make_candidate)},
-                     Sampler(name, backend or backend_for(device), clock), rounds=rounds, pairs=pairs, seed=seed)
+                     Sampler(name, backend or backend_for(device), clock), rounds=looks[0], pairs=pairs, seed=seed,
+                     extend_to=looks[1:], go_on=go_on)
+    params["rounds_run"] = len(res.round_log_ratios)
     ident = {label: source_identity(fn) for label, fn in first.items()}
     base = tuple(x for r in res.primary("baseline") for x in r)
     cand = tuple(x for r in res.primary("candidate") for x in r)
@@ -234,7 +258,7 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
     if min(base + cand) <= 0:
         return ABResult(NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None,
                         None, base, cand, cold, **common)
-    v = rounds_decision(res.round_log_ratios, alpha, min_effect)
+    v = rounds_decision(res.round_log_ratios, level, min_effect)
     return ABResult(v.verdict, v.reason, v.speedup, v.ci_low, v.ci_high, v.p_value, base, cand, cold, **common)
 
 

@@ -83,7 +83,7 @@ def pytest_addoption(parser):
                 help="processes (this one + fresh ones) before the gate says slower or faster (3; 1: this one decides)")
     g.addoption(OPT_MAX_RUNS, type=int, default=None,
                 help="the gate's replication budget: a possible slowdown is measured in fresh processes up to "
-                     "this many runs in all (5)")
+                     "this many runs in all (7)")
     g.addoption(OPT_WINDOW, type=int, default=None, metavar="N",
                 help="compare with the latest N runs of the baseline (a rolling window; the noise prior uses all)")
     g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")

@@ -560,7 +560,7 @@ class BenchSession:
 
         if rounds is not None:
             if self.config.quick:
-                rounds, kwargs = 3, {**kwargs, "pairs": 2}
+                rounds, kwargs = 3, {**kwargs, "pairs": 2, "max_rounds": 3}
             kwargs["rounds"] = rounds
             ab = ab_rounds
         elif self.config.quick:

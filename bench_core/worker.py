@@ -87,6 +87,9 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
             reply({"error": exc.problem})
 
 
+STARTUP_S = 120.0
+
+
 class Worker:
     """The parent's handle on a worker process; ended with `close()` (or its context), by its own pid."""
 
@@ -99,7 +102,9 @@ class Worker:
         self._write(init)   # it imports and loads while the parent starts the other side's worker
 
     def wait_ready(self) -> None:
-        self._read(expect="ready")
+        # importing torch on a loaded 2-core runner took over 3 s: a slow start is not a hang, so the start
+        # gets at least STARTUP_S whatever the per-command limit
+        self._read(expect="ready", timeout_s=max(self.timeout_s, STARTUP_S))
 
     def _send(self, doc: Mapping[str, Any], expect: str | None = None) -> dict:
         self._write(doc)
@@ -112,8 +117,8 @@ class Worker:
         except (BrokenPipeError, OSError):
             pass  # the read that follows says why
 
-    def _read(self, expect: str | None = None) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout_s)
+    def _read(self, expect: str | None = None, timeout_s: float | None = None) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s or self.timeout_s)
         line = self.proc.stdout.readline() if ready else ""
         if not line:
             why = "did not answer in time" if not ready else "ended"

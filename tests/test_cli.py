@@ -28,7 +28,7 @@ def test_compare_exit_codes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "slower" in out and "a: slower" in out
     # one candidate run (one process) never says slower by default: it says how many runs would
-    _save(tmp_path, "one", {"a": [14], "b": [5]}, seed=30)
+    _save(tmp_path, "one", {"a": [16], "b": [5]}, seed=30)
     assert main(["compare", "base", "one", "--baselines", str(tmp_path)]) == EXIT_OK
     assert "one slow process looks the same: 3 fresh runs decide it" in " ".join(capsys.readouterr().out.split())
     assert main(["compare", "base", "one", "--baselines", str(tmp_path), "--min-runs", "1",

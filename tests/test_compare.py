@@ -44,10 +44,10 @@ def test_p_value_is_the_t_test_of_the_model():
     assert c.ratio == pytest.approx(12 / math.exp(mean_b))
     assert c.df == 6
     assert c.p_value == pytest.approx(st.t.sf(d / se, 6))  # one-sided, observed direction
-    # a family of one decided at alpha=0.01 one-sided, split over the gate's 2 looks (3 and 5 candidate
-    # runs): the interval shown is the two-sided 99% one
-    q = st.t.ppf(0.995, 6)
-    assert c.looks == 2 and c.confidence == pytest.approx(0.99)
+    # a family of one decided at alpha=0.01 one-sided, split over the gate's 3 looks (3, 5 and 7 candidate
+    # runs): the interval shown is the two-sided one at 1 - 2 x 0.01 / 3
+    q = st.t.ppf(1 - 0.01 / 3, 6)
+    assert c.looks == 3 and c.confidence == pytest.approx(1 - 0.02 / 3)
     assert (c.ci_low, c.ci_high) == pytest.approx((math.exp(d - q * se), math.exp(d + q * se)))
 
 
@@ -155,10 +155,10 @@ def test_a_change_inside_the_guard_against_an_unlucky_baseline_is_not_declared()
     known = VariancePrior(0.02 ** 2, math.inf, "known for the test")   # tau = 2%, exactly
     base = [meas([10.0] * 20) for _ in range(3)]
     cfg = GateConfig(threshold=0.01)
-    # k = m = 3: the t-test needs d > 2.58 * 0.816 tau = 2.1 tau; the guard asks for
-    # tau * (z(0.015) + z(0.01)) / sqrt(3) = 2.6 tau
+    # k = m = 3: the t-test needs d > 2.71 * 0.816 tau = 2.2 tau (alpha over 3 looks); the guard asks for
+    # tau * (z(0.03 / 3) + z(0.005)) / sqrt(3) = 2.8 tau
     c = compare_runs("s", base, [meas([10.0 * math.exp(0.047)] * 20) for _ in range(3)], cfg, known)
-    assert c.guard == pytest.approx(0.02 * (st.norm.isf(0.015) + st.norm.isf(0.01)) / math.sqrt(3))
+    assert c.guard == pytest.approx(0.02 * (st.norm.isf(0.01) + st.norm.isf(0.005)) / math.sqrt(3))
     assert c.p_adjusted < 0.005 and c.verdict == INCONCLUSIVE and "unlucky baseline" in c.reason
     c = compare_runs("s", base, [meas([10.0 * math.exp(0.06)] * 20) for _ in range(3)], cfg, known)
     assert c.verdict == SLOWER
@@ -173,9 +173,9 @@ def test_unchanged_is_an_equivalence_test_at_the_decided_level():
     assert tight.verdict == UNCHANGED and tight.ci_high < 1.10
     loose = compare_runs("s", base, cand, GateConfig(), VariancePrior(0.05 ** 2, math.inf, "noisy"))
     assert loose.verdict == INCONCLUSIVE and loose.ci_high > 1.10
-    assert loose.more_runs == 7 and "about 7 candidate runs in all would likely decide" in loose.reason
-    # by the same model, 7 runs at this level are enough
-    assert compare_runs("s", base, [meas([10.2] * 20) for _ in range(7)], GateConfig(),
+    assert loose.more_runs == 10 and "about 10 candidate runs in all would likely decide" in loose.reason
+    # by the same model, 10 runs at this level are enough
+    assert compare_runs("s", base, [meas([10.2] * 20) for _ in range(10)], GateConfig(),
                         VariancePrior(0.05 ** 2, math.inf, "noisy")).verdict == UNCHANGED
     noisier = compare_runs("s", base, cand, GateConfig(), VariancePrior(0.08 ** 2, math.inf, "noisier"))
     assert noisier.more_runs is None and "the baseline needs more runs" in noisier.reason
@@ -209,8 +209,8 @@ def test_a_rolling_window_compares_with_the_latest_runs():
         GateConfig(window=0)
     with pytest.raises(ValueError, match="min_runs"):
         GateConfig(min_runs=6, max_runs=5)
-    assert GateConfig().looks == (3, 5) and GateConfig(min_runs=1, max_runs=6).looks == (1, 3, 5, 6)
-    assert GateConfig(min_runs=7).max_runs == 7 and GateConfig().max_runs == 5     # the budget follows min_runs
+    assert GateConfig().looks == (3, 5, 7) and GateConfig(min_runs=1, max_runs=6).looks == (1, 3, 5, 6)
+    assert GateConfig(min_runs=9).max_runs == 9 and GateConfig().max_runs == 7     # the budget follows min_runs
 
 
 def test_pooling_refuses_other_scenarios():

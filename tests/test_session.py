@@ -129,7 +129,7 @@ def test_gate_decisions_are_kept_in_the_session_file(tmp_path):
     assert failures == []
     doc = json.loads(open(line.removeprefix("results written to ")).read())
     assert doc["comparisons"][0]["verdict"] == "slower" and "results written" in line
-    assert doc["comparisons"][0]["adjustment"].startswith("none (one scenario); alpha split over 2 looks")
+    assert doc["comparisons"][0]["adjustment"].startswith("none (one scenario); alpha split over 3 looks")
     assert [r["summary"]["median"] for r in doc["replicas"]["a"]] == [3.0, 3.0]   # raw runs kept
 
 
