@@ -265,7 +265,7 @@ class BenchSession:
 
         try:
             m = launch(topology, validate)
-            if scaling and topology.world_size > 1 and topology.nnodes == 1:
+            if scaling and topology.world_size > 1 and topology.nnodes == 1 and not self.config.quick:   # a launch more
                 one = launch(Topology(1), False)
                 m = replace(m, ranks=replace(m.ranks, one_rank_ms=one.primary_ms))
             m, c = self.gate(m, lambda: launch(topology, False))
