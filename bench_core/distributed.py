@@ -123,18 +123,22 @@ def rdzv_id(name: str, launch: int) -> str:
 
 def _ours(pid: int, spec_path: Path) -> bool:
     """A pid still runs one of this launch's ranks (and is not a reused id)."""
+    if not Path("/proc").is_dir():   # no /proc (macOS): that the status file's pid is alive is the best we know
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except FileNotFoundError:
+    except OSError:          # gone (or not ours to read)
         return False
-    except OSError:          # no /proc (macOS): the status file's pid is the best we know
-        return True
     return "bench_core.rank" in cmdline and str(spec_path) in cmdline
 
 
 def end_all(proc: subprocess.Popen, folder: Path, spec_path: Path) -> list[int]:
     """End the launcher and every rank it started, by their own ids: ranks run in sessions of their own, so
-    a killed launcher would leave them behind. Returns the rank pids that had to be ended."""
+    a killed launcher would leave them behind. Returns the pids of the ranks that had started."""
     from .storage import read_rank_files
 
     pids = [int(d["pid"]) for d in read_rank_files(folder)["status"].values() if "pid" in d]

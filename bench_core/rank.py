@@ -12,6 +12,9 @@ takes the same samples in the same order as every other rank, with the one sampl
   gather       every rank's samples to every rank; local rank 0 of each node writes the result
   validation   a fresh instance, a few synchronised steps, against the builder's single-process reference
 
+That is a measurement (`measure_rank`); a spec with `ab` measures two configurations in rounds instead
+(`ab_rank`), one with `profile` runs the diagnose pass (`profile_rank`).
+
 Each rank keeps a status file (its pid and phase) for the parent, which uses it to name a rank that hangs and
 to end every rank by its own id; a rank that raises writes its traceback beside it.
 """
