@@ -98,7 +98,7 @@ def gpus_short(nproc: int, torch_module=None) -> str | None:
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind((host if host not in ("localhost",) else "127.0.0.1", port))
+            s.bind(("127.0.0.1" if host == "localhost" else host, port))
         except OSError:
             return False
     return True
@@ -136,9 +136,9 @@ def _ours(pid: int, spec_path: Path) -> bool:
     return "bench_core.rank" in cmdline and str(spec_path) in cmdline
 
 
-def end_all(proc: subprocess.Popen, folder: Path, spec_path: Path) -> list[int]:
+def end_all(proc: subprocess.Popen, folder: Path, spec_path: Path) -> None:
     """End the launcher and every rank it started, by their own ids: ranks run in sessions of their own, so
-    a killed launcher would leave them behind. Returns the pids of the ranks that had started."""
+    a killed launcher would leave them behind."""
     from .storage import read_rank_files
 
     pids = [int(d["pid"]) for d in read_rank_files(folder)["status"].values() if "pid" in d]
@@ -160,7 +160,6 @@ def end_all(proc: subprocess.Popen, folder: Path, spec_path: Path) -> list[int]:
     if proc.poll() is None:
         proc.kill()
         proc.wait()
-    return pids
 
 
 def run_ranks(name: str, spec: Mapping[str, Any], topology: Topology, timeout_s: float | None,
@@ -208,7 +207,8 @@ def samples_from(result: Mapping[str, Any]) -> RankSamples:
     col = lambda key: None if ranks[0].get(key) is None else [r[key] for r in ranks]   # noqa: E731
     return RankSamples(world_size=result["world_size"], nnodes=result.get("nnodes", 1), backend=result["backend"],
                        host_ms=col("host_ms"), gpu_ms=col("gpu_ms"), local_host_ms=col("local_host_ms"),
-                       local_gpu_ms=col("local_gpu_ms"), cold_ms=[r["cold_ms"] for r in ranks],
+                       local_gpu_ms=col("local_gpu_ms"),
+                       cold_ms=[r["cold_gpu_ms"] if r.get("cold_gpu_ms") is not None else r["cold_host_ms"] for r in ranks],
                        hosts=[r["host"] for r in ranks], replicas_max_abs_diff=result.get("replicas_max_abs_diff"),
                        reference=result.get("reference"))
 
@@ -266,9 +266,17 @@ def ab_result(result: Mapping[str, Any], *, alpha: float, min_effect: float, par
     cold_key = "cold_gpu_ms" if primary == "gpu_ms" else "cold_host_ms"
     cold = {side: max(r[side][cold_key] for r in ranks) for side in ("baseline", "candidate")}
     check = dict(result["correctness"])
+    # what each side ran with as built, read back in rank 0, beside what was asked for
+    built = {side: ranks[0][side].get("as_built") for side in ("baseline", "candidate")}
+    identities = {side: {**identities.get(side, {}), "as_built": built[side]} for side in ("baseline", "candidate")}
     common = dict(params={**params, "world_size": result["world_size"], "backend": result["backend"],
                           "timer": "cuda_event" if primary == "gpu_ms" else "host", "figure": "slowest rank per step"},
                   identities=identities, correctness=check, environment=environment)
+    asked = [identities[side].get("params") for side in ("baseline", "candidate")]
+    same = (f"; warning: both sides ran with the same settings as built ({built['candidate']}) though they asked "
+            f"for {asked[0]} and {asked[1]}: the candidate's parameters may not reach its step"
+            if built["baseline"] is not None and built["baseline"] == built["candidate"] and asked[0] != asked[1]
+            else "")
     flat_b, flat_c = tuple(v for r in base for v in r), tuple(v for r in cand for v in r)
     if not check.get("ok"):
         why = ("the two sides did not start from the same parameters" if check.get("start_max_abs_diff")
@@ -283,4 +291,5 @@ def ab_result(result: Mapping[str, Any], *, alpha: float, min_effect: float, par
                         None, flat_b, flat_c, cold, **common)
     logs = [float(np.median(np.log(c) - np.log(b))) for b, c in zip(base, cand)]
     d = rounds_decision(logs, alpha, min_effect)
-    return ABResult(d.verdict, d.reason, d.speedup, d.ci_low, d.ci_high, d.p_value, flat_b, flat_c, cold, **common)
+    return ABResult(d.verdict, d.reason + same, d.speedup, d.ci_low, d.ci_high, d.p_value, flat_b, flat_c, cold,
+                    **common)

@@ -67,6 +67,9 @@ class RankStep:
     sharded DTensor is compared whole, so for FSDP the check says only that the shards assemble the same way).
     `reference(steps)`: on rank 0, the same parameters after `steps` steps of a single-process run on the
     global batch, from the same start; compared with a fresh instance after that many steps.
+    `settings()`: what the step really runs with, read back from the objects built (DDP's bucket size as it
+    holds it), not the parameters asked for: an A/B records it per side, so a candidate that silently ran
+    with the baseline's settings shows.
     """
 
     step: Callable[[], Any]
@@ -75,6 +78,7 @@ class RankStep:
     replicated: Callable[[], Iterable[Any]] | None = None
     reference: Callable[[int], Sequence[Any]] | None = None
     tolerance: tuple[float, float] = (1e-4, 1e-5)   # (rtol, atol) for the reference check, float32's
+    settings: Callable[[], Mapping[str, Any]] | None = None
 
     def __post_init__(self):
         if not callable(self.step):
@@ -131,7 +135,23 @@ def ddp_training(ctx: RankContext, make_model: Callable[[], Any], make_optimizer
         with ddp.no_sync():
             return step()
 
-    def single_process(steps: int):
+    def settings():
+        return {"bucket_cap_mb": ddp.bucket_bytes_cap / 2 ** 20, "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
+                "static_graph": ddp.static_graph, "optimizer": type(opt).__name__, "lr": opt.param_groups[0]["lr"]}
+
+    return RankStep(step, local_step, module_state_snapshot(model, opt), lambda: list(model.parameters()),
+                    single_process(ctx, make_model, make_optimizer, batch, loss_fn) if reference else None,
+                    settings=settings)
+
+
+def single_process(ctx: RankContext, make_model: Callable[[], Any], make_optimizer: Callable[[Any], Any],
+                   batch: Callable[[int, int], tuple[Any, Any]], loss_fn: Callable[[Any, Any], Any]
+                   ) -> Callable[[int], list]:
+    """A `reference` for a data-parallel step: the model built from seed 0 in one process and trained on every
+    rank's shard at once; with a mean loss over equal shards, the ranks' averaged gradient is its gradient."""
+    import torch
+
+    def reference(steps: int) -> list:
         torch.manual_seed(0)
         m = make_model().to(ctx.device).train()
         o = make_optimizer(m)
@@ -142,9 +162,7 @@ def ddp_training(ctx: RankContext, make_model: Callable[[], Any], make_optimizer
             loss_fn(m(xs), ys).backward()
             o.step()
         return list(m.parameters())
-
-    return RankStep(step, local_step, module_state_snapshot(model, opt), lambda: list(model.parameters()),
-                    single_process if reference else None)
+    return reference
 
 
 # -- the rank program ----------------------------------------------------------------------------------
@@ -179,6 +197,12 @@ def _whole(tensors: Iterable[Any]) -> list[Any]:
     return [t.detach().full_tensor() if hasattr(t, "full_tensor") else t.detach() for t in tensors]
 
 
+def _max_abs_diff(ours: Sequence[Any], theirs: Sequence[Any]) -> float:
+    """The largest absolute difference between paired tensors (0.0 for none or empty ones)."""
+    return max((float((a.double() - b.double().to(a.device)).abs().max()) for a, b in zip(ours, theirs) if a.numel()),
+               default=0.0)
+
+
 def _reference_check(fresh: RankStep, steps: int, rank: int) -> dict | None:
     """The fresh instance's parameters against the single-process reference, judged on rank 0."""
     import torch
@@ -191,8 +215,7 @@ def _reference_check(fresh: RankStep, steps: int, rank: int) -> dict | None:
     if len(ours) != len(ref) or any(a.shape != b.shape for a, b in zip(ours, ref)):
         return {"steps": steps, "ok": False, "max_abs_diff": None, "rtol": rtol, "atol": atol,
                 "problem": "the reference's parameters have other shapes or another count"}
-    worst = max((float((a.double() - b.double().to(a.device)).abs().max()) for a, b in zip(ours, ref) if a.numel()),
-                default=0.0)
+    worst = _max_abs_diff(ours, ref)
     ok = all(torch.allclose(a, b.to(a.device), rtol=rtol, atol=atol) for a, b in zip(ours, ref))
     return {"steps": steps, "ok": ok, "max_abs_diff": worst, "rtol": rtol, "atol": atol}
 
@@ -284,7 +307,7 @@ def measure_rank(me: _Rank) -> dict:
     status("checking the replicas")
     diff = _max_diff_from_rank0(inst.replicated(), me.device) if inst.replicated is not None else None
     loc = _ms(local, me.on_gpu)
-    everyone = me.gathered({"cold_ms": cold.primary_ms, "cold_host_ms": cold.host_ms, "cold_gpu_ms": cold.gpu_ms,
+    everyone = me.gathered({"cold_host_ms": cold.host_ms, "cold_gpu_ms": cold.gpu_ms,
                             **_ms(step, me.on_gpu), "local_host_ms": loc["host_ms"] if local else None,
                             "local_gpu_ms": loc["gpu_ms"] if local else None})
     reference = None
@@ -345,8 +368,8 @@ def ab_rank(me: _Rank) -> dict:
             if None in start:
                 raise TypeError(f"{spec['builder']}: an A/B needs RankStep.replicated, to prove both sides start "
                                 f"from the same parameters and end equal")
-            check["start_max_abs_diff"] = me.max_over_ranks(max(
-                (float((a.double() - b.double()).abs().max()) for a, b in zip(*start) if a.numel()), default=0.0))
+            check["start_max_abs_diff"] = me.max_over_ranks(_max_abs_diff(*start))
+            built = {s: None if inst[s].settings is None else dict(inst[s].settings()) for s in SIDES}
         status(f"round {r}: steps")
         for side in me.order.sample(SIDES, 2):
             first = me.timed(inst[side].step, f"{side}'s first step in round {r}")
@@ -364,13 +387,14 @@ def ab_rank(me: _Rank) -> dict:
         if r == 0:
             rtol, atol = inst["candidate"].tolerance
             a, b = (_whole(inst[s].replicated()) for s in SIDES)
-            diff = max((float((x.double() - y.double()).abs().max()) for x, y in zip(a, b) if x.numel()), default=0.0)
+            diff = _max_abs_diff(a, b)
             close = all(x.shape == y.shape and bool(torch.allclose(x, y, rtol=rtol, atol=atol)) for x, y in zip(a, b))
             check.update(steps=1 + spec["warmup"] + spec["pairs"], end_max_abs_diff=me.max_over_ranks(diff),
                          ok=me.max_over_ranks(0.0 if close and len(a) == len(b) else 1.0) == 0.0, rtol=rtol, atol=atol)
             check["ok"] = check["ok"] and check["start_max_abs_diff"] == 0.0
         del inst
     everyone = me.gathered({side: {"cold_host_ms": cold[side].host_ms, "cold_gpu_ms": cold[side].gpu_ms,
+                                   "as_built": built[side],
                                    "rounds": [_ms(rnd, me.on_gpu) for rnd in samples[side]]} for side in SIDES})
     return {"ranks": everyone, "correctness": check}
 

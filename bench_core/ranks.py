@@ -21,11 +21,13 @@ STRAGGLER_ALPHA = 0.01
 
 
 def _per_rank(values: Any, world: int, n: int | None, what: str) -> tuple[tuple[float, ...], ...]:
+    """Rows of samples, one per rank, checked: `n` each (None: as many as rank 0's), finite, not negative."""
     rows = tuple(tuple(float(v) for v in row) for row in values)
     if len(rows) != world:
         raise InvalidRecord(f"{what} has {len(rows)} ranks, the world has {world}")
+    n = len(rows[0]) if n is None else n
     for r, row in enumerate(rows):
-        if n is not None and len(row) != n:
+        if len(row) != n:
             raise InvalidRecord(f"{what}: rank {r} has {len(row)} samples, rank 0 has {n}; steps are aligned by index")
         if any(not math.isfinite(v) or v < 0 for v in row):
             raise InvalidRecord(f"{what}: rank {r} holds a negative or non-finite timing")
@@ -65,7 +67,6 @@ class RankSamples:
         w = self.world_size
         host = _per_rank(self.host_ms, w, None, "host_ms")
         n = len(host[0])
-        host = _per_rank(host, w, n, "host_ms")
         object.__setattr__(self, "host_ms", host)
         for name in ("gpu_ms", "local_host_ms", "local_gpu_ms"):
             value = getattr(self, name)

@@ -139,13 +139,7 @@ def _union_us(intervals: Sequence[tuple[float, float]]) -> float:
 
 def _overlap_us(spans: Sequence[tuple[float, float]], busy: Sequence[tuple[float, float]]) -> float:
     """Time inside `spans` during which `busy` intervals run (busy merged first)."""
-    merged: list[list[float]] = []
-    for s, e in sorted(busy):
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    total = 0.0
+    merged, total = _merged(busy), 0.0
     for s, e in spans:
         for bs, be in merged:
             total += max(0.0, min(e, be) - max(s, bs))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from bench_core import Scenario
-from bench_core.rank import RankStep, ddp_training
+from bench_core.rank import RankStep, ddp_training, single_process
 from models import MLP, SmallCNN, synthetic_images
 
 
@@ -68,19 +68,9 @@ def fsdp_mlp(ctx) -> RankStep:
         opt.step()
         return loss.detach()
 
-    def single_process(steps):
-        torch.manual_seed(0)
-        m = MLP(d, h).to(ctx.device).train()
-        o = torch.optim.AdamW(m.parameters(), lr=1e-3)
-        shards = [_mlp_shard(d, batch)(r, ctx.world_size) for r in range(ctx.world_size)]
-        xs, ys = (torch.cat([s[i] for s in shards]).to(ctx.device) for i in (0, 1))
-        for _ in range(steps):
-            o.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(m(xs), ys).backward()
-            o.step()
-        return list(m.parameters())
-
-    return RankStep(step, replicated=lambda: list(model.parameters()), reference=single_process)
+    reference = single_process(ctx, lambda: MLP(d, h), lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3),
+                               _mlp_shard(d, batch), nn.functional.cross_entropy)
+    return RankStep(step, replicated=lambda: list(model.parameters()), reference=reference)
 
 
 def _fsdp2_supported() -> bool:

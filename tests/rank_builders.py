@@ -40,7 +40,8 @@ def paced(ctx) -> RankStep:
         out = inner.local_step()
         time.sleep(pace)
         return out
-    return RankStep(step, local_step, inner.snapshot, inner.replicated, inner.reference)
+    return RankStep(step, local_step, inner.snapshot, inner.replicated, inner.reference,
+                    settings=lambda: {**inner.settings(), "base_ms": p["base_ms"]})
 
 
 def crashing(ctx) -> RankStep:

@@ -102,7 +102,7 @@ def _result_doc(gpu=False):
     ranks = []
     for r, level in enumerate((10.0, 11.0)):
         host = [level + i for i in range(4)]
-        ranks.append({"rank": r, "host": "h", "pid": 1, "threads": 1, "cold_ms": 50.0 + r,
+        ranks.append({"rank": r, "host": "h", "pid": 1, "threads": 1,
                       "cold_host_ms": 60.0 + r, "cold_gpu_ms": 50.0 + r if gpu else None, "host_ms": host,
                       "gpu_ms": [v - 1 for v in host] if gpu else None,
                       "local_host_ms": None, "local_gpu_ms": None})
@@ -245,6 +245,10 @@ def test_two_configurations_in_the_same_ranks_start_equal_end_equal_and_are_time
     assert res.speedup > 1.3, res.speedup       # the candidate sleeps half as long: about 2x
     assert res.params["world_size"] == 2 and len(res.baseline_ms) == 3 * 2       # quick: 3 rounds x 2 pairs
     assert res.identities["candidate"]["params"] == {"base_ms": 10.0}
+    # what each side really ran with, read back in the ranks: the candidate's parameter reached its step
+    built = {side: res.identities[side]["as_built"] for side in ("baseline", "candidate")}
+    assert (built["baseline"]["base_ms"], built["candidate"]["base_ms"]) == (20.0, 10.0)
+    assert built["candidate"]["bucket_cap_mb"] == 25.0 and built["candidate"]["optimizer"] == "SGD"
 
 
 def test_a_rank_that_hangs_is_ended_within_the_limit_and_named(no_rank_left):
@@ -301,7 +305,8 @@ def test_two_hosts_gathered_aligned_straggler_named_exposure_measured(no_rank_le
 
 
 # -- A/B of two configurations in the same ranks (pure decision over a made-up gathered result) ----------------
-def _ab_doc(speed=0.8, start=0.0, end=0.0, ok=True, rounds=6, pairs=4):
+def _ab_doc(speed=0.8, start=0.0, end=0.0, ok=True, rounds=6, pairs=4, built=({"bucket_cap_mb": 25.0},
+                                                                              {"bucket_cap_mb": 1.0})):
     import math
 
     ranks = []
@@ -311,7 +316,7 @@ def _ab_doc(speed=0.8, start=0.0, end=0.0, ok=True, rounds=6, pairs=4):
             rnds = [{"host_ms": [level * (1 + 0.01 * math.sin(7 * k + 3 * i + r + 5 * j)) for i in range(pairs)],
                      "gpu_ms": None}
                     for k in range(rounds)]
-            doc[side] = {"cold_host_ms": 40.0, "cold_gpu_ms": None, "rounds": rnds}
+            doc[side] = {"cold_host_ms": 40.0, "cold_gpu_ms": None, "rounds": rnds, "as_built": built[j]}
         ranks.append({"rank": r, **doc})
     return {"world_size": 2, "backend": "gloo", "ranks": ranks,
             "correctness": {"start_max_abs_diff": start, "end_max_abs_diff": end, "ok": ok, "steps": 5,
@@ -325,8 +330,20 @@ def test_distributed_ab_decides_on_the_slowest_rank_over_rounds():
     res = ab_result(_ab_doc(0.8), alpha=0.01, min_effect=0.01, params={}, identities={}, environment={})
     assert res.verdict == FASTER and res.speedup == pytest.approx(1.25, rel=0.02) and res.ci_low > 1.2
     assert len(res.baseline_ms) == 24 and res.params["figure"] == "slowest rank per step"
+    assert res.identities["candidate"]["as_built"] == {"bucket_cap_mb": 1.0} and "warning" not in res.reason
     same = ab_result(_ab_doc(1.0), alpha=0.01, min_effect=0.01, params={}, identities={}, environment={})
     assert same.verdict == NO_DIFFERENCE
+
+
+def test_a_candidate_that_ran_with_the_baselines_settings_is_said_beside_its_verdict():
+    from bench_core.distributed import ab_result
+
+    same = {"bucket_cap_mb": 25.0}
+    ids = {"baseline": {"params": {"bucket_cap_mb": 25}}, "candidate": {"params": {"bucket_cap_mb": 1}}}
+    res = ab_result(_ab_doc(1.0, built=(same, same)), alpha=0.01, min_effect=0.01, params={}, identities=ids,
+                    environment={})
+    assert "both sides ran with the same settings as built" in res.reason and "may not reach its step" in res.reason
+    assert res.identities["candidate"] == {"params": {"bucket_cap_mb": 1}, "as_built": same}
 
 
 def test_distributed_ab_rejects_a_candidate_that_starts_elsewhere_or_ends_different():
@@ -351,7 +368,7 @@ def _fake_launches(monkeypatch, levels, calls):
         level = levels[min(len(calls), len(levels) - 1)]
         calls.append((launch, spec.get("validate")))
         n = spec["repeats"]
-        ranks = [{"rank": r, "host": "h", "pid": 1, "threads": 1, "cold_ms": 9.0, "cold_host_ms": 9.0,
+        ranks = [{"rank": r, "host": "h", "pid": 1, "threads": 1, "cold_host_ms": 9.0,
                   "cold_gpu_ms": None, "host_ms": [level * (1 + 0.02 * r + 0.001 * (i % 3)) for i in range(n)],
                   "gpu_ms": None, "local_host_ms": None, "local_gpu_ms": None} for r in range(topology.nproc)]
         return {"world_size": topology.nproc, "nnodes": 1, "backend": "gloo", "ranks": ranks,

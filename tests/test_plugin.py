@@ -530,7 +530,7 @@ def _fake_rank_launches(monkeypatch):
                         {"host_ms": [level * (1 + 0.01 * ((k * k + i + r + len(side)) % 5)) for i in range(spec["pairs"])],
                          "gpu_ms": None} for k in range(spec["rounds"])]}
             else:
-                row.update(cold_ms=9.0, cold_host_ms=9.0, cold_gpu_ms=None, gpu_ms=None, local_host_ms=None,
+                row.update(cold_host_ms=9.0, cold_gpu_ms=None, gpu_ms=None, local_host_ms=None,
                            local_gpu_ms=None, host_ms=[2.0 + 0.1 * r + 0.01 * i for i in range(spec["repeats"])])
             ranks.append(row)
         out = {"world_size": topology.nproc, "nnodes": 1, "backend": "gloo", "ranks": ranks}
