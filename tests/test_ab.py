@@ -184,7 +184,7 @@ def test_ab_rounds_detects_a_real_five_percent_through_small_instance_bias():
     clock = FakeClock()
     r = ab_rounds(_biased_factory(clock, 2.1, rng, 0.005), _biased_factory(clock, 2.0, rng, 0.005), clock=clock)
     assert r.verdict == FASTER and r.ci_low < 1.05 < r.ci_high
-    assert len(r.baseline_ms) == 12 * 4 and r.params["rounds"] == 12
+    assert len(r.baseline_ms) == 12 * 8 and r.params["rounds"] == 12 and r.params["pairs"] == 8
 
 
 def test_ab_rounds_names_what_ran_and_refuses_non_factories():
