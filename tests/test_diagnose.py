@@ -156,8 +156,7 @@ def test_p(bench):
 
 def test_profile_pass_writes_a_redacted_trace_and_keeps_results_clean(pytester):
     pytester.makepyfile(test_p=PROFILED)
-    # in a subprocess: the profiler is process-wide state, and this is how users run it
-    res = pytester.runpytest_subprocess("--bench-profile", "prof", "--bench-repeats", "3")
+    res = pytester.runpytest("--bench-profile", "prof", "--bench-repeats", "3")
     res.assert_outcomes(passed=1)
     res.stdout.fnmatch_lines(["*bench_core diagnose: p (profiled separately; not in any result)*",
                               "*Self CPU time total*", "*3 profiled steps*stages (us/step): batch_read*forward*",
@@ -294,7 +293,7 @@ def test_f(bench):
     a, b = torch.randn(128, 128), torch.randn(128, 128)
     bench.run(Scenario("mm128", ("forward",)), lambda: (a @ b).relu())
 ''')
-    res = pytester.runpytest_subprocess("--bench-profile", "prof", "--bench-repeats", "3", "--bench-profile-flops")
+    res = pytester.runpytest("--bench-profile", "prof", "--bench-repeats", "3", "--bench-profile-flops")
     res.assert_outcomes(passed=1)
     # 3 profiled calls of a 128^3 matmul: 3 x 2 x 128^3 = 12.6 MFLOP; relu has no estimate and is left out
     res.stdout.fnmatch_lines(["*MFLOP (estimate)*", "aten::mm*12.6*"])

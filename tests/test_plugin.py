@@ -267,18 +267,16 @@ def test_ref(bench):
     state = StartingState.capture(model, opt, [torch.randn(3, 4)])
     bench.reference("linear_sgd", step, state, model, opt, steps=2)
 '''
-    # subprocesses: torch registers operator libraries once per process, and pytester's in-process
-    # runs would re-import them
     bt.makepyfile(test_r=body.format(scale=1.0))
-    res = bt.runpytest_subprocess("-rs")
+    res = bt.runpytest("-rs")
     res.assert_outcomes(skipped=1)
     res.stdout.fnmatch_lines(["*no reference 'linear_sgd'*record one with --bench-ref-save*"])
-    bt.runpytest_subprocess("--bench-ref-save").assert_outcomes(passed=1)
+    bt.runpytest("--bench-ref-save").assert_outcomes(passed=1)
     assert (bt.path / "references" / "linear_sgd.pt").exists()
     assert (bt.path / "references" / "linear_sgd.state.pt").exists()
-    bt.runpytest_subprocess().assert_outcomes(passed=1)                 # unchanged code matches its reference
+    bt.runpytest().assert_outcomes(passed=1)                 # unchanged code matches its reference
     bt.makepyfile(test_r=body.format(scale=1.001))            # "the code changed"
-    res = bt.runpytest_subprocess()
+    res = bt.runpytest()
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*reference 'linear_sgd': the current code no longer matches*",
                               "*step?0?.output.loss*exceeds tolerance*", "*first divergent step: 0*"])
