@@ -15,6 +15,9 @@ are never reused within a trial). Usage:
 
     python benchmarks/gate_quality.py --runs 16 --baseline-runs 5
 
+It also asks whether a process's level is shared by its scenarios (`shared_level`): if it were, the
+other scenarios of a run could tell a slow process from a regression.
+
 Writes the raw runs and the rates to .bench/gate_quality-<time>.json (never overwriting).
 """
 from __future__ import annotations
@@ -101,6 +104,25 @@ def rates(runs_a, runs_b, k: int, trials: int, seed: int, config, fixed: int | N
     return out
 
 
+def shared_level(runs) -> dict:
+    """Is a slow process slow in every scenario it runs? From one side's runs ({scenario: Measurement} per
+    process): the correlation of the scenarios' run-to-run deviations (log median minus the scenario's mean
+    over runs), and each scenario's spread before and after subtracting its process's level as read from
+    the *other* scenarios (their median deviation). A level shared across scenarios would show as high
+    correlations and a smaller spread after; this is the fact a run-level slow-process model would need."""
+    import numpy as np
+
+    names = sorted(runs[0])
+    dev = np.log([[r[n].summary.median for n in names] for r in runs])
+    dev -= dev.mean(axis=0)
+    corr = np.corrcoef(dev.T)
+    off = corr[~np.eye(len(names), dtype=bool)]
+    level = np.array([[np.median(np.delete(row, j)) for j in range(len(names))] for row in dev])
+    return {"mean_correlation": float(off.mean()), "correlations": corr.round(3).tolist(), "scenarios": names,
+            "spread": dict(zip(names, map(float, dev.std(axis=0, ddof=1)))),
+            "spread_after_level": dict(zip(names, map(float, (dev - level).std(axis=0, ddof=1))))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=16, help="processes of A, and as many of B")
@@ -149,7 +171,13 @@ def main(argv=None) -> int:
           f"max_runs={config.max_runs}; {ns.trials} draws x {len(spread)} scenarios per cell")
     print(tabulate(rows, headers=["candidate processes", "A/A false slower", f"A/B detected (+{ns.slowdown:.0%})",
                                   "runs used A/A / A/B"], tablefmt="github"))
-    doc = {"settings": vars(ns), "gate": config.__dict__, "spread": spread, "rates": results, "runs_dir": str(folder)}
+    shared = {label: shared_level(runs) for label, runs in (("A", runs_a), ("B", runs_b))}
+    for label, sh in shared.items():
+        print(f"process level shared across scenarios ({label}): mean correlation {sh['mean_correlation']:+.2f}; "
+              "spread before -> after removing the other scenarios' level: " +
+              ", ".join(f"{n} {sh['spread'][n]:.1%} -> {sh['spread_after_level'][n]:.1%}" for n in sh["scenarios"]))
+    doc = {"settings": vars(ns), "gate": config.__dict__, "spread": spread, "rates": results, "runs_dir": str(folder),
+           "shared_level": shared}
     path = storage.write_stamped_json(Path(".bench"), "gate_quality", doc)
     print(f"written to {path}")
     return 0
