@@ -47,6 +47,7 @@ OPT_PEAK = "--bench-peak-tflops"
 OPT_AGAINST = "--bench-against"
 OPT_ROUNDS = "--bench-rounds"
 OPT_PAIRS = "--bench-pairs"
+OPT_WORKER_PAIRS = "--bench-worker-pairs"
 OPT_MAX_ROUNDS = "--bench-max-rounds"
 OPT_NPROC = "--bench-nproc"
 OPT_NNODES = "--bench-nnodes"
@@ -108,6 +109,9 @@ def pytest_addoption(parser):
                 help="measure every scenario side by side with git revision REV in this run, and decide each")
     g.addoption(OPT_ROUNDS, type=int, default=None, help="with --bench-against: rounds of fresh instances (12)")
     g.addoption(OPT_PAIRS, type=int, default=None, help="with --bench-against: alternated pairs per round (4)")
+    g.addoption(OPT_WORKER_PAIRS, type=int, default=None, metavar="N",
+                help="with --bench-against, for code that cannot be loaded twice into one process: pairs of worker "
+                     "processes, the unit of evidence there (6); each pair serves every such scenario in turn")
     g.addoption(OPT_MAX_ROUNDS, type=int, default=None,
                 help="with --bench-against: a possible slowdown the first look leaves undecided runs on, a look every "
                      "--bench-rounds rounds, up to this many (3 x --bench-rounds; equal to it: one look)")
@@ -181,6 +185,7 @@ def pytest_configure(config):
         if config.getoption(OPT_AGAINST) is not None:
             kw = {k: v for k, v in (("rounds", config.getoption(OPT_ROUNDS)), ("pairs", config.getoption(OPT_PAIRS)),
                                     ("max_rounds", config.getoption(OPT_MAX_ROUNDS)),
+                                    ("processes", config.getoption(OPT_WORKER_PAIRS)),
                                     ("threshold", config.getoption(OPT_THRESHOLD))) if v is not None}
             against = AgainstConfig(config.getoption(OPT_AGAINST), **kw)
         scfg = SessionConfig(
@@ -401,9 +406,9 @@ class BenchFixture:
 
         theirs, why, isolate = self._revision_function()
         if isolate:  # cannot share this process: both sides in pairs of worker processes
-            spawn = self._spawners(name)
-            if spawn is not None:
-                return session.run_against_workers(scenario, instance_from(fn, kwargs, scenario), spawn,
+            sides = self._worker_sides(name)
+            if sides is not None:
+                return session.run_against_workers(scenario, instance_from(fn, kwargs, scenario), sides,
                                                    items=kwargs.get("items"), proof={"why_workers": why})
         if theirs is None:  # the revision lacks it or cannot load it: measured alone, and reported
             session.one_side.append((name, f"measured on the current tree only: {why}"))
@@ -439,13 +444,13 @@ class BenchFixture:
         return (theirs, None, False) if theirs is not None else (
             None, f"{req.function.__name__} does not exist in {loaded.revision.label}", False)
 
-    def _worker_init(self, name):
-        """What a worker process needs to call this test again, or why it cannot: the test takes a fixture
-        other than its parameters, or a parameter JSON cannot carry."""
+    def _worker_spec(self, name):
+        """The test a worker process serves to call this test again (its init is per side), or why it
+        cannot: the test takes a fixture other than its parameters, or a parameter JSON cannot carry."""
         import inspect
         import json
 
-        req, session = self._request, self._session
+        req = self._request
         params = dict(getattr(getattr(req.node, "callspec", None), "params", {}))
         needs = set(inspect.signature(req.function).parameters) - {"bench"}
         try:
@@ -454,25 +459,27 @@ class BenchFixture:
             needs.add("a parameter JSON cannot carry")
         if needs - set(params):
             return None, f"worker processes cannot be given {sorted(needs - set(params))}"
-        return {"scenario": name, "function": req.function.__name__, "params": params, "device": session.config.device,
-                "quick": session.config.quick, "threads": session.config.threads}, None
+        return {"scenario": name, "function": req.function.__name__, "params": params,
+                "test_file": str(req.path)}, None
 
-    def _spawners(self, name):
-        """Starters of worker processes for both sides of --bench-against, or None when there can be none."""
-        from bench_core.worker import Worker, import_roots
+    def _worker_init(self, side, roots):
+        config = self._session.config
+        return {"side": side, "import_roots": roots, "device": config.device, "quick": config.quick,
+                "threads": config.threads}
+
+    def _worker_sides(self, name):
+        """Each side's worker init and test for --bench-against's worker mode, or None when there can be none."""
+        from bench_core.worker import import_roots
 
         req, session, loaded = self._request, self._session, self._session.revision
-        init, why = self._worker_init(name)
-        if init is None:
+        spec, why = self._worker_spec(name)
+        if spec is None:
             session.one_side.append((name, why))
             return None
-
-        def spawner(side, root, test_file):
-            doc = {**init, "side": side, "import_roots": import_roots(loaded.current_root, root),
-                   "test_file": str(test_file)}
-            return lambda k: Worker(doc, timeout_s=session.config.timeout_s or 600.0)
-        return {"candidate": spawner("candidate", loaded.current_root, req.path),
-                "baseline": spawner("baseline", loaded.root, loaded.counterpart(req.path))}
+        return {"candidate": (self._worker_init("candidate", import_roots(loaded.current_root, loaded.current_root)),
+                              spec),
+                "baseline": (self._worker_init("baseline", import_roots(loaded.current_root, loaded.root)),
+                             {**spec, "test_file": str(loaded.counterpart(req.path))})}
 
     def _replicator(self, name):
         """The gate's replication: this test measured again in a fresh process of this tree, which imports
@@ -482,14 +489,14 @@ class BenchFixture:
         from bench_core.errors import ScenarioError
         from bench_core.worker import Worker
 
-        req, session = self._request, self._session
-        init, why = self._worker_init(name)
+        session = self._session
+        spec, why = self._worker_spec(name)
 
         def replicate(warmup, repeats):
-            if init is None:
+            if spec is None:
                 raise ScenarioError(name, why)
-            doc = {**init, "side": "candidate", "import_roots": [p for p in sys.path if p], "test_file": str(req.path)}
-            with Worker(doc, timeout_s=session.config.timeout_s or 600.0) as worker:
+            init = self._worker_init("candidate", [p for p in sys.path if p])
+            with Worker(init, timeout_s=session.config.timeout_s or 600.0, spec=spec) as worker:
                 worker.wait_ready()
                 worker.build()
                 return worker.measure(warmup, repeats, session.environment)

@@ -48,13 +48,16 @@ class AgainstConfig:
     max_rounds: int | None = None
     quick_rounds: int = 3
     quick_pairs: int = 2
-    processes: int = 6       # worker mode: pairs of processes (the unit of evidence there)
+    processes: int = 6       # worker mode: pairs of processes (the unit of evidence there), the session's pool
     process_rounds: int = 2  # worker mode: rounds of fresh instances in each pair
 
     def __post_init__(self):
         if self.rounds < 3 or self.pairs < 1:
             raise ValueError(f"--bench-against needs at least 3 rounds and 1 pair per round, got {self.rounds} "
                              f"and {self.pairs} (the interval comes from the spread between rounds)")
+        if self.processes < 3:
+            raise ValueError(f"--bench-worker-pairs needs at least 3 pairs of processes, got {self.processes} (the "
+                             f"interval comes from the spread between pairs)")
         if self.max_rounds is None:
             object.__setattr__(self, "max_rounds", 3 * self.rounds)
         if self.max_rounds < self.rounds:
@@ -111,6 +114,7 @@ class BenchSession:
         self.progress = None                          # a progress.Progress, when someone is watching
         self.family_size: int | None = None           # scenarios in this session, once collection knows
         self.revision = None                          # revisions.LoadedRevision under --bench-against
+        self._workers = None                          # worker.WorkerPool, once a scenario needs worker mode
         self.against_records: list[dict] = []         # per scenario: rounds, both sides' code, decision
         self.one_side: list[tuple[str, str]] = []     # scenarios that exist on one side only
         self.baseline: dict[str, list[Measurement]] | None = None
@@ -366,7 +370,18 @@ class BenchSession:
 
         self.revision = LoadedRevision(root, self.config.against.rev)
 
+    def worker_pool(self):
+        """The worker processes of this session's worker-mode comparisons, kept from scenario to scenario."""
+        if self._workers is None:
+            from .worker import WorkerPool
+
+            self._workers = WorkerPool(self.config.timeout_s or 600.0)
+        return self._workers
+
     def close_revision(self) -> None:
+        """The revision's extracted tree, and every worker process that served it, ended."""
+        if self._workers is not None:
+            self._workers.close()
         if self.revision is not None:
             self.revision.close()
 
@@ -394,13 +409,14 @@ class BenchSession:
         return self._side_by_side(scenario, live, sides, f"{how} x {pairs} pairs, fresh instances every round, one "
                                                          f"process", items, proof, clock, backend, looks)
 
-    def run_against_workers(self, scenario: Scenario, live, spawn: Mapping[str, Callable[[int], Any]], *,
+    def run_against_workers(self, scenario: Scenario, live, sides: Mapping[str, tuple[Mapping, Mapping]], *,
                             items: int | None = None, proof: Mapping[str, Any] | None = None
                             ) -> tuple[Measurement, Comparison | None]:
-        """The same in pairs of worker processes, one per side (`spawn[side](k)`), for code that cannot be
-        loaded twice into one process. Each process keeps a bias of its own, so the pair of processes is the
-        unit of evidence: the interval is wider, and says so. The current side's result is a plain
-        measurement of `live`, here."""
+        """The same in pairs of worker processes, one per side (`sides[side]`: the worker's init and the
+        test it serves, see `worker`), for code that cannot be loaded twice into one process. Each process
+        keeps a bias of its own, so the pair of processes is the unit of evidence: the interval is wider,
+        and says so. The pairs are the session's pool, kept from scenario to scenario. The current side's
+        result is a plain measurement of `live`, here."""
         from .backends import CpuBackend
         from .sampling import Sampler
         from .sidebyside import run_processes
@@ -409,10 +425,13 @@ class BenchSession:
         k, rounds = (3, 1) if self.config.quick else (a.processes, a.process_rounds)
         pairs = a.quick_pairs if self.config.quick else a.pairs
 
-        def sides(go_on):
+        pool = self.worker_pool()
+        spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
+
+        def run(go_on):
             return run_processes(spawn, Sampler(scenario.name, CpuBackend()), processes=k, rounds=rounds,
-                                 pairs=pairs, seed=a.seed)
-        return self._side_by_side(scenario, live, sides, f"{k} pairs of worker processes x {rounds} rounds x "
+                                 pairs=pairs, seed=a.seed, release=pool.release)
+        return self._side_by_side(scenario, live, run, f"{k} pairs of worker processes x {rounds} rounds x "
                                                          f"{pairs} pairs (the code cannot be loaded twice into one "
                                                          f"process)", items, proof, None, None)
 
@@ -639,6 +658,9 @@ class BenchSession:
                 lines.append(f"baseline = {self.revision.revision.label} ({self.revision.revision.commit[:12]}); "
                              f"current = {_describe(self.revision.current)}; "
                              f"{self.comparisons[0].method if self.comparisons else ''}")
+            if self._workers is not None and self._workers.started:
+                lines.append(f"worker mode: {len(self._workers.scenarios)} scenario(s) in {self._workers.started} "
+                             f"worker processes, kept from scenario to scenario")
             lines += [f"{name}: {note}" for name, note in self.one_side]
             lines += [f"warning: {note}" for note in self.baseline_notes]
             if self.prior is not None:

@@ -203,15 +203,19 @@ def estimate_rounds(name: str, rounds: Rounds | Sequence[Rounds], threshold: flo
 
 
 def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *, processes: int, rounds: int,
-                  pairs: int, seed: int = 0) -> list[Rounds]:
-    """Side by side in pairs of worker processes: `spawn[side](k)` starts side's k-th worker (a
-    `worker.Worker`); each pair runs `rounds` rounds of fresh instances, built and timed in the workers,
-    samples asked for alternately in a seeded random order. Every worker ends with its pair."""
+                  pairs: int, seed: int = 0, release: Callable[[str, int, Any, bool], None] | None = None
+                  ) -> list[Rounds]:
+    """Side by side in pairs of worker processes: `spawn[side](k)` gives side's k-th worker (a
+    `worker.Worker`, its test assigned); each pair runs `rounds` rounds of fresh instances, built and timed
+    in the workers, samples asked for alternately in a seeded random order. After its pair each worker
+    goes to `release(side, k, worker, ok)` (default: ended; a session's pool keeps the sound ones)."""
     if processes < 3:
         raise ValueError(f"worker mode needs at least 3 pairs of processes, got {processes}")
+    release = release or (lambda side, k, w, ok: w.close())
     out = []
     for k in range(processes):
         workers: dict[str, Any] = {}
+        ok = False
         try:
             for side in random.Random(seed + k).sample(SIDES, 2):
                 workers[side] = on_side(side, lambda: spawn[side](k))
@@ -225,7 +229,8 @@ def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *
                 return build
             out.append(run_rounds({s: builder(s) for s in SIDES}, sampler, rounds=rounds, pairs=pairs, seed=seed + k,
                                   min_rounds=1))
+            ok = True
         finally:
-            for w in workers.values():
-                w.close()
+            for side, w in workers.items():
+                release(side, k, w, ok)
     return out

@@ -1,8 +1,11 @@
 """One side of a side-by-side comparison in a process of its own, timed on request: the fallback for code
 that cannot be loaded twice into one process (a `torch.library` operator, a compiled extension).
 
-The parent starts `python -m bench_core.worker`, sends one JSON line saying where the side's code is, then
-commands, one JSON line each, and reads one JSON line back per command:
+The parent starts `python -m bench_core.worker`, sends one JSON line saying where the side's code is
+(its import roots, threads, device), then commands, one JSON line each, and reads one JSON line back per
+command:
+  {"cmd": "load", "scenario": ..., "test_file": ..., "function": ..., "params": {...}}
+                      the test to serve from now on (a worker serves one scenario after another)
   {"cmd": "build"}    call the test function again with a capturing bench: a fresh instance
   {"cmd": "sample"}   time one sample of it with the same sample loop as everything else (`sampling`)
   {"cmd": "measure", "warmup": W, "repeats": R}   a whole measurement of it (`measuring.measure`): a fresh
@@ -34,16 +37,23 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
     init = json.loads(stdin.readline())
     sys.path[:0] = [str(p) for p in init["import_roots"]]
     set_threads(init.get("threads"))
-    name, side = init["scenario"], init["side"]
-    spec = importlib.util.spec_from_file_location("_bench_worker_test", init["test_file"])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    test = getattr(module, init["function"])
-    sizing = Sizing(init["device"], init["quick"])
-    sampler = Sampler(name, backend_for(init["device"]))
-    params: Mapping[str, Any] = init["params"]
-    inst = None
+    side, sizing = init["side"], Sizing(init["device"], init["quick"])
+    modules: dict[str, Any] = {}    # test files loaded so far: a module is executed once per process
+    test = name = sampler = inst = None
+    params: Mapping[str, Any] = {}
+
+    def load(doc):
+        nonlocal test, name, sampler, params, inst
+        path = doc["test_file"]
+        if path not in modules:
+            spec = importlib.util.spec_from_file_location(f"_bench_worker_test{len(modules)}", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            modules[path] = module
+        inst = None
+        test, name, params = getattr(modules[path], doc["function"]), doc["scenario"], doc["params"]
+        sampler = Sampler(name, backend_for(init["device"]))
 
     def value_of(arg):
         if arg not in params:
@@ -61,11 +71,15 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
         try:
             if cmd == "quit":
                 break
-            if cmd == "build":
+            if cmd == "load":
+                load(doc)
+                reply({"ok": True, "test_file": modules[doc["test_file"]].__file__})
+            elif test is None and cmd in ("build", "sample", "measure"):
+                reply({"error": f"{cmd!r} before any test was loaded"})
+            elif cmd == "build":
                 inst = None  # the old instance goes before the new one allocates
                 inst = capture(test, value_of, sizing, side, name)
-                reply({"ok": True, "scenario": None if inst.scenario is None else scenario_doc(inst.scenario),
-                       "test_file": module.__file__})
+                reply({"ok": True, "scenario": None if inst.scenario is None else scenario_doc(inst.scenario)})
             elif cmd == "sample":
                 if inst.setup is not None:
                     sampler.call("setup", inst.setup)
@@ -93,8 +107,12 @@ STARTUP_S = 120.0
 class Worker:
     """The parent's handle on a worker process; ended with `close()` (or its context), by its own pid."""
 
-    def __init__(self, init: Mapping[str, Any], timeout_s: float = 600.0):
-        self.side, self.scenario, self.timeout_s = init["side"], init["scenario"], timeout_s
+    def __init__(self, init: Mapping[str, Any], timeout_s: float = 600.0, spec: Mapping[str, Any] | None = None):
+        self.init, self.side, self.timeout_s = dict(init), init["side"], timeout_s
+        self._started, self._spec, self._loaded = False, None, None
+        self.scenario = "worker"      # named by the scenario it serves, once one is assigned
+        if spec is not None:
+            self.assign(spec)
         # the parent's pid on the command line: a worker whose parent is gone is an orphan, findable by anyone
         self.proc = subprocess.Popen([sys.executable, "-m", "bench_core.worker", "--parent", str(os.getpid())],
                                      stdin=subprocess.PIPE,
@@ -104,7 +122,22 @@ class Worker:
     def wait_ready(self) -> None:
         # importing torch on a loaded 2-core runner took over 3 s: a slow start is not a hang, so the start
         # gets at least STARTUP_S whatever the per-command limit
-        self._read(expect="ready", timeout_s=max(self.timeout_s, STARTUP_S))
+        """Ready to serve: started, and the assigned test loaded."""
+        if not self._started:
+            self._read(expect="ready", timeout_s=max(self.timeout_s, STARTUP_S))
+            self._started = True
+        if self._spec is not None and self._spec != self._loaded:
+            self._send({"cmd": "load", **self._spec}, expect="ok")
+            self._loaded = self._spec
+
+    def assign(self, spec: Mapping[str, Any]) -> None:
+        """The test to serve next: {"scenario", "test_file", "function", "params"}; loaded by `wait_ready`,
+        so a pair of workers starts (or loads) side by side."""
+        self._spec, self.scenario = dict(spec), spec["scenario"]
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def _send(self, doc: Mapping[str, Any], expect: str | None = None) -> dict:
         self._write(doc)
@@ -159,13 +192,20 @@ class Worker:
             self.proc.kill()
             self.proc.wait()
 
-    def close(self) -> None:
+    def ask_to_quit(self) -> None:
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
                 self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass    # already going; close() waits or kills
+
+    def close(self) -> None:
+        self.ask_to_quit()
+        if self.proc.poll() is None:
+            try:
                 self.proc.wait(timeout=10)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 self._kill()
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if not stream.closed:
@@ -176,6 +216,52 @@ class Worker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class WorkerPool:
+    """Worker processes kept for a whole session, slot by slot ((side, k) -> Worker): a pair of processes
+    serves one scenario after another, because starting one (importing torch) costs seconds and sampling
+    a scenario in it well under one. Measured with benchmarks/against_quality.py --isolated: a process
+    pair per scenario made worker mode 33x a plain run. A worker that failed is ended and its slot
+    started afresh; `close()` ends every one, by its own pid."""
+
+    def __init__(self, timeout_s: float = 600.0):
+        self.timeout_s = timeout_s
+        self._slots: dict[tuple[str, int], Worker] = {}
+        self.started, self.scenarios = 0, set()     # what the session's worker mode cost, for its report
+
+    def get(self, side: str, k: int, init: Mapping[str, Any], spec: Mapping[str, Any]) -> Worker:
+        """Slot (side, k)'s worker for `init`, assigned `spec` (a slot with none, a dead one or one for other
+        roots is started afresh); the caller's `wait_ready` loads it, so both sides of a pair go together."""
+        w = self._slots.get((side, k))
+        if w is not None and (not w.alive or w.init != dict(init)):
+            self.discard(side, k)
+            w = None
+        if w is None:
+            w = self._slots[(side, k)] = Worker(init, timeout_s=self.timeout_s)
+            self.started += 1
+        w.assign(spec)
+        self.scenarios.add(spec["scenario"])
+        return w
+
+    def release(self, side: str, k: int, worker: Worker, ok: bool) -> None:
+        """After a pair's work: kept for the next scenario, or ended if anything went wrong in the pair."""
+        if not ok:
+            self.discard(side, k)
+
+    def discard(self, side: str, k: int) -> None:
+        w = self._slots.pop((side, k), None)
+        if w is not None:
+            w.close()
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._slots.values() if w.alive]
+
+    def close(self) -> None:
+        for w in self._slots.values():   # all asked first: a worker's interpreter takes about a second to end
+            w.ask_to_quit()
+        for side, k in list(self._slots):
+            self.discard(side, k)
 
 
 def import_roots(current_root: Path, side_root: Path, sys_path=None) -> list[str]:

@@ -159,6 +159,7 @@ def main(argv=None) -> int:
     ap.add_argument("--conditions", default="quiet,loaded")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--pairs", type=int, default=None)
+    ap.add_argument("--worker-pairs", type=int, default=None, help="--bench-worker-pairs (worker mode)")
     ap.add_argument("--plain-every", type=int, default=5, help="time a plain run every N trials")
     ap.add_argument("--isolated", action="store_true",
                     help="code that cannot load twice (a torch.library registration): measures worker mode")
@@ -166,6 +167,7 @@ def main(argv=None) -> int:
     extra = ["--bench-against", "HEAD~1"]
     extra += ["--bench-rounds", str(ns.rounds)] if ns.rounds else []
     extra += ["--bench-pairs", str(ns.pairs)] if ns.pairs else []
+    extra += ["--bench-worker-pairs", str(ns.worker_pairs)] if ns.worker_pairs else []
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="against-quality-") as tmp:
         root = Path(tmp) / "repo"

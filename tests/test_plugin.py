@@ -357,6 +357,7 @@ def test_against_a_revision_fails_only_the_slower_scenario_and_reports_one_sided
     (["--bench-against", "HEAD", "--bench-rounds", "2"], "*needs at least 3 rounds and 1 pair per round, got 2 and 4*"),
     (["--bench-against", "HEAD", "--bench-rounds", "6", "--bench-max-rounds", "5"],
      "*--bench-max-rounds (5) must be at least --bench-rounds (6)*"),
+    (["--bench-against", "HEAD", "--bench-worker-pairs", "2"], "*--bench-worker-pairs needs at least 3 pairs*"),
 ])
 def test_against_usage_errors_stop_the_session_before_any_work(against_repo, args, needle):
     res = against_repo.runpytest(*args)
@@ -409,6 +410,9 @@ MS = {ms}
 
 def test_isolated(bench):
     bench.run(Scenario("isolated", ("compute",)), lambda: time.sleep(MS / 1000))
+
+def test_isolated_unchanged(bench):
+    bench.run(Scenario("isolated_unchanged", ("compute",)), lambda: time.sleep(0.002))
 '''
 
 
@@ -416,11 +420,12 @@ def test_code_that_cannot_load_twice_is_compared_in_worker_processes(pytester):
     committed(pytester, test_isolated=ISOLATED.format(ms=2))
     pytester.makepyfile(test_isolated=ISOLATED.format(ms=6))      # three times slower
     res = pytester.runpytest_subprocess("--bench-against", "HEAD", "--bench-quick")
-    res.assert_outcomes(failed=1)
+    res.assert_outcomes(failed=1, passed=1)
     res.stdout.fnmatch_lines(["*scenario 'isolated': slower against revision 'HEAD'*",
-                              "*3 pairs of worker processes x 1 rounds x 2 pairs (the code cannot be loaded twice*"])
+                              "*3 pairs of worker processes x 1 rounds x 2 pairs (the code cannot be loaded twice*",
+                              "*worker mode: 2 scenario(s) in 6 worker processes, kept from scenario to scenario*"])
     (path,) = (pytester.path / ".bench" / "results").glob("session-*.json")
-    rec = json.loads(path.read_text())["against"]["scenarios"][0]
+    rec = next(r for r in json.loads(path.read_text())["against"]["scenarios"] if r["scenario"] == "isolated")
     assert len(rec["rounds"]) == 3 and "cannot be loaded beside" in rec["code"]["why_workers"]
     assert 2.5 < rec["comparison"]["ratio"] < 3.5
     from helpers import orphaned_workers

@@ -160,8 +160,8 @@ def test_on_a_gpu_both_sides_are_timed_by_events_one_at_a_time():
 def _worker_test(tmp_path, body):
     f = tmp_path / "test_w.py"
     f.write_text("import os, time\n\ndef test_w(bench):\n    " + body + "\n")
-    return {"side": "baseline", "scenario": "w", "import_roots": [str(tmp_path)], "test_file": str(f),
-            "function": "test_w", "params": {}, "device": "cpu", "quick": True, "threads": 1}
+    return ({"side": "baseline", "import_roots": [str(tmp_path)], "device": "cpu", "quick": True, "threads": 1},
+            {"scenario": "w", "test_file": str(f), "function": "test_w", "params": {}})
 
 
 @pytest.mark.parametrize("body, needle", [("time.sleep(60)", "did not answer in time"),
@@ -169,7 +169,8 @@ def _worker_test(tmp_path, body):
 def test_a_worker_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needle):
     from bench_core.worker import Worker
 
-    w = Worker(_worker_test(tmp_path, body), timeout_s=3)
+    init, spec = _worker_test(tmp_path, body)
+    w = Worker(init, timeout_s=3, spec=spec)
     w.wait_ready()
     with pytest.raises(ScenarioError, match=f"the baseline's worker process {needle}"):
         w.build()
@@ -179,14 +180,91 @@ def test_a_worker_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needl
 def test_a_worker_serves_fresh_instances_and_samples(tmp_path):
     from bench_core.worker import Worker
 
-    init = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
-                                  'bench.run(Scenario("w", ("compute",)), lambda: time.sleep(0.002))')
-    with Worker(init) as w:
+    init, spec = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
+                                        'bench.run(Scenario("w", ("compute",)), lambda: time.sleep(0.002))')
+    with Worker(init, spec=spec) as w:
         w.wait_ready()
         assert w.build().name == "w"
         s = w.sample()
         assert 1.5 < s.host_ms < 50 and s.gpu_ms is None
     assert w.proc.poll() is not None
+
+
+def test_a_pool_serves_one_scenario_after_another_and_ends_a_worker_that_failed(tmp_path):
+    import os
+
+    from bench_core.worker import WorkerPool
+
+    init, spec_w = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
+                                          'bench.run(Scenario("w", ("compute",)), lambda: time.sleep(0.001))')
+    with (tmp_path / "test_w.py").open("a") as f:
+        f.write('\ndef test_v(bench):\n    from bench_core import Scenario\n'
+                '    bench.run(Scenario("v", ("compute",)), lambda: None)\n')
+    spec_v = {**spec_w, "scenario": "v", "function": "test_v"}
+    pool = WorkerPool(timeout_s=60)
+    try:
+        w = pool.get("baseline", 0, init, spec_w)
+        w.wait_ready()
+        assert w.build().name == "w" and w.sample().host_ms >= 1.0
+        pool.release("baseline", 0, w, True)
+        again = pool.get("baseline", 0, init, spec_v)       # the same process, now serving the next scenario
+        again.wait_ready()
+        assert again is w and again.build().name == "v" and pool.pids() == [w.proc.pid]
+        pool.release("baseline", 0, again, False)            # something went wrong in its pair: ended
+        assert w.proc.poll() is not None and pool.pids() == []
+        fresh = pool.get("baseline", 0, init, spec_v)        # the slot starts afresh
+        assert fresh is not w and fresh.alive
+    finally:
+        pool.close()
+    assert pool.pids() == [] and fresh.proc.poll() is not None and not os.path.exists(f"/proc/{fresh.proc.pid}/cmdline")
+
+
+class _FakeWorker:
+    def __init__(self, side, ms, fail_at=None):
+        self.side, self.ms, self.fail_at, self.builds, self.closed = side, ms, fail_at, 0, False
+
+    def wait_ready(self):
+        pass
+
+    def build(self):
+        self.builds += 1
+        if self.builds == self.fail_at:
+            raise ScenarioError("s", "broke on its build")
+
+    def sample(self):
+        from bench_core.sampling import Sample
+        return Sample(self.ms, None)
+
+    def close(self):
+        self.closed = True
+
+
+def test_worker_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_failed():
+    from bench_core.sidebyside import run_processes
+
+    made, released = {}, []
+
+    def spawn(side, ms, fail_at=None):
+        def start(k):
+            made[(side, k)] = _FakeWorker(side, ms, fail_at if k == 1 else None)
+            return made[(side, k)]
+        return start
+    res = run_processes({"baseline": spawn("baseline", 2.0), "candidate": spawn("candidate", 3.0)},
+                        Sampler("s", CpuBackend(), FakeClock()), processes=3, rounds=2, pairs=2,
+                        release=lambda side, k, w, ok: released.append((side, k, ok)))
+    assert len(res) == 3 and all(r.round_log_ratios == pytest.approx([math.log(1.5)] * 2) for r in res)
+    assert sorted(released) == sorted((s, k, True) for k in range(3) for s in ("baseline", "candidate"))
+    released.clear()
+    with pytest.raises(SideError, match="broke on its build"):
+        run_processes({"baseline": spawn("baseline", 2.0, fail_at=1), "candidate": spawn("candidate", 3.0)},
+                      Sampler("s", CpuBackend(), FakeClock()), processes=3, rounds=1, pairs=1,
+                      release=lambda side, k, w, ok: released.append((side, k, ok)))
+    assert sorted(released) == [("baseline", 0, True), ("baseline", 1, False), ("candidate", 0, True),
+                                ("candidate", 1, False)]
+    # without a pool every worker is ended after its pair
+    run_processes({"baseline": spawn("baseline", 2.0), "candidate": spawn("candidate", 2.0)},
+                  Sampler("s", CpuBackend(), FakeClock()), processes=3, rounds=1, pairs=1)
+    assert all(w.closed for w in made.values())
 
 
 def test_later_looks_run_only_while_go_on_asks_for_them():
