@@ -73,7 +73,10 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
                 break
             if cmd == "load":
                 load(doc)
-                reply({"ok": True, "test_file": modules[doc["test_file"]].__file__})
+                from .revisions import file_sha256
+
+                ran = modules[doc["test_file"]].__file__
+                reply({"ok": True, "test_file": ran, "test_file_sha256": file_sha256(ran), "pid": os.getpid()})
             elif test is None and cmd in ("build", "sample", "measure"):
                 reply({"error": f"{cmd!r} before any test was loaded"})
             elif cmd == "build":
@@ -110,6 +113,7 @@ class Worker:
     def __init__(self, init: Mapping[str, Any], timeout_s: float = 600.0, spec: Mapping[str, Any] | None = None):
         self.init, self.side, self.timeout_s = dict(init), init["side"], timeout_s
         self._started, self._spec, self._loaded = False, None, None
+        self.ran: dict = {}           # what the worker says it loaded for its test: file, sha256, its pid
         self.scenario = "worker"      # named by the scenario it serves, once one is assigned
         if spec is not None:
             self.assign(spec)
@@ -127,8 +131,9 @@ class Worker:
             self._read(expect="ready", timeout_s=max(self.timeout_s, STARTUP_S))
             self._started = True
         if self._spec is not None and self._spec != self._loaded:
-            self._send({"cmd": "load", **self._spec}, expect="ok")
+            out = self._send({"cmd": "load", **self._spec}, expect="ok")
             self._loaded = self._spec
+            self.ran = {k: out[k] for k in ("test_file", "test_file_sha256", "pid")}
 
     def assign(self, spec: Mapping[str, Any]) -> None:
         """The test to serve next: {"scenario", "test_file", "function", "params"}; loaded by `wait_ready`,

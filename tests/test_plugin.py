@@ -427,6 +427,12 @@ def test_code_that_cannot_load_twice_is_compared_in_worker_processes(pytester):
     (path,) = (pytester.path / ".bench" / "results").glob("session-*.json")
     rec = next(r for r in json.loads(path.read_text())["against"]["scenarios"] if r["scenario"] == "isolated")
     assert len(rec["rounds"]) == 3 and "cannot be loaded beside" in rec["code"]["why_workers"]
+    ran = rec["code"]["workers_ran"]      # each worker's own word: the candidate's ran this tree's file, REV's its own
+    assert len(ran["candidate"]) == len(ran["baseline"]) == 3
+    assert {r["test_file"] for r in ran["candidate"]} == {str(pytester.path / "test_isolated.py")}
+    (rev_file,) = {r["test_file"] for r in ran["baseline"]}
+    assert rev_file != str(pytester.path / "test_isolated.py") and rev_file.endswith("test_isolated.py")
+    assert {r["test_file_sha256"] for r in ran["baseline"]} != {r["test_file_sha256"] for r in ran["candidate"]}
     assert 2.5 < rec["comparison"]["ratio"] < 3.5
     from helpers import orphaned_workers
 
