@@ -429,20 +429,14 @@ class BenchSession:
         proof = dict(proof or {})
         ran = proof["workers_ran"] = {side: [] for side in sides}    # each worker's own word on what it loaded
 
-        def spawn_for(side):
-            def spawn(j):
-                w = pool.get(side, j, *sides[side])
-                ran[side].append(w)
-                return w
-            return spawn
+        def release(side, j, worker, ok):
+            ran[side].append(worker.ran)
+            pool.release(side, j, worker, ok)
 
         def run(go_on):
-            try:
-                return run_processes({side: spawn_for(side) for side in sides}, Sampler(scenario.name, CpuBackend()),
-                                     processes=k, rounds=rounds, pairs=pairs, seed=a.seed, release=pool.release)
-            finally:
-                for side, workers in ran.items():
-                    ran[side] = [w.ran for w in workers]
+            spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
+            return run_processes(spawn, Sampler(scenario.name, CpuBackend()), processes=k, rounds=rounds, pairs=pairs,
+                                 seed=a.seed, release=release)
         return self._side_by_side(scenario, live, run, f"{k} pairs of worker processes x {rounds} rounds x "
                                                          f"{pairs} pairs (the code cannot be loaded twice into one "
                                                          f"process)", items, proof, None, None)
