@@ -138,11 +138,10 @@ def straggler(samples: RankSamples) -> Straggler | None:
     others at that step: whatever the machine did at that moment cancels. It was picked as the slowest of
     `world_size`, so its p is multiplied by that (Bonferroni); it is named when that p is below STRAGGLER_ALPHA
     and its whole interval is at least STRAGGLER_EXCESS slower (as a change must clear a noise threshold). In a
-    synchronised step a fast rank waits inside
-    the collective for the slow one, so both report nearly the slow time; the step with synchronisation off has
-    no waiting, so it shows each rank's own pace and is used where it was measured. On a shared CPU one process
-    can keep a bias of several percent for its whole life: a rank named in one launch and not the next is such
-    a process, not a slow host."""
+    synchronised step a fast rank waits inside the collective for the slow one, so both report nearly the slow
+    time; the step with synchronisation off has no waiting, so it shows each rank's own pace and is used where it
+    was measured. On a shared CPU one process can keep a bias of several percent for its whole life: a rank named
+    in one launch and not the next is such a process, not a slow host."""
     if samples.world_size < 2:
         return None
     local = samples.local_primary

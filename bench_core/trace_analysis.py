@@ -74,7 +74,7 @@ def comm_facts(ev: Sequence[Mapping], steps: int) -> tuple[float | None, float |
         busy = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "cpu_op" and e.get("tid") in main
                 and str(e.get("name", "")).startswith("aten::")]
     merged = _merged(comm)
-    return _union_us(comm) / n, _overlap_us(merged, busy) / n
+    return sum(e - s for s, e in merged) / n, _overlap_us(merged, busy) / n
 
 
 def _merged(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -128,13 +128,7 @@ def _complete(events: Iterable[Mapping]) -> list[Mapping]:
 
 
 def _union_us(intervals: Sequence[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
+    return sum(e - s for s, e in _merged(intervals))
 
 
 def _overlap_us(spans: Sequence[tuple[float, float]], busy: Sequence[tuple[float, float]]) -> float:
