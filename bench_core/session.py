@@ -327,8 +327,9 @@ class BenchSession:
                                                p["redaction"], p["table"], f, rows, p["refused"]))
         if together:
             clean, _ = redact([h.to_dict() for h in together])
-            storage.write_rank_hypotheses(Path(cfg["folder"]), redact(name)[0], {
-                "scenario": redact(name)[0], "traces": [r["profile"]["trace"] for r in doc["ranks"]],
+            shown, _ = redact(name)
+            storage.write_rank_hypotheses(Path(cfg["folder"]), shown, {
+                "scenario": shown, "traces": [r["profile"]["trace"] for r in doc["ranks"]],
                 "facts": [f.to_dict() for f in facts], "hypotheses": clean})
 
     def ab_distributed(self, name: str, build: Callable, baseline: Mapping[str, Any], candidate: Mapping[str, Any],
