@@ -4,12 +4,13 @@ Model. On a shared machine the level of a whole run (one process) drifts far mor
 wobbles inside a run, so the unit of evidence is the run, not the sample. Each run contributes
 log(median); the change is d = mean(candidate logs) - mean(baseline logs) and ratio = exp(d).
 
-Variance from the machine. The run-to-run variance tau^2 of a scenario is moderated the way limma
-moderates gene variances: its own runs' variance is pooled with a prior fitted (`noise_prior`) from
-the run-to-run variances of every scenario in the baseline's whole history, prior degrees of freedom
-included. A quiet runner gets the power its quietness allows; a noisy one stays honest; a scenario
-whose few runs happened to agree cannot make its interval falsely narrow. Only a baseline too small
-to fit a prior falls back to a fixed one (`run_noise`, worth `prior_runs` runs).
+Variance from the machine. The run-to-run variance of each side (the baseline's runs, the candidate's
+runs) is moderated the way limma moderates gene variances: that side's own variance is pooled with a
+prior fitted (`noise_prior`) from the run-to-run variances of every scenario in the baseline's whole
+history, prior degrees of freedom included; the two sides combine as in Welch's test. A quiet runner
+gets the power its quietness allows; a noisy one stays honest; runs that happened to agree cannot make
+an interval falsely narrow, and candidate processes that disagree (some of them slow) widen their own.
+Only a baseline too small to fit a prior falls back to a fixed one (`run_noise`, worth `prior_runs` runs).
 
 Processes, not samples. A slow process looks exactly like a regression from inside it, so "slower"
 and "faster" need `min_runs` candidate runs, each a fresh process (in pytest the suite starts them,
@@ -149,7 +150,11 @@ class Comparison:
     looks_at: str | None = None            # where those looks fall, in words ("at 3, 5 candidate runs")
     min_runs: int = 1                      # candidate runs needed before a change is declared
     guard: float | None = None             # log distance a change must exceed: an unlucky baseline's reach
-    run_spread: float | None = None        # the run-to-run spread (sd of log run medians) the test used
+    run_spread: float | None = None        # the baseline side's run-to-run spread the test used (sd of log run
+    #                                        medians, moderated toward the prior)
+    candidate_spread: float | None = None  # the candidate side's, moderated the same way
+    spread_df: tuple[float, float] | None = None   # the degrees of freedom of those two
+    pooled: bool = False                   # one spread for both sides (the prior was only a guess)
     baseline_spread: float | None = None   # the baseline's own measured run-to-run spread, same units
     prior: str | None = None               # where the variance prior came from, in words
     more_runs: int | None = None           # inconclusive: candidate runs in all that would likely decide
@@ -263,34 +268,53 @@ def estimate(
     if hot:
         common["notes"] = common.get("notes", ()) + (
             f"the GPU was throttled during a timed window ({'; '.join(hot)}): a change may be the GPU's, not the code's",)
-    if prior is None:  # the fixed fallback also carries the runs' own within-run error
+    fallback = prior is None
+    if fallback:  # the fixed fallback also carries the runs' own within-run error
         within = np.mean([median_log_se(x.primary_ms) ** 2 for x in (*baseline, *candidate)])
         prior = VariancePrior(math.log1p(config.run_noise) ** 2 + within, config.prior_runs,
                               f"fixed: {config.run_noise:.0%} run-to-run, worth {config.prior_runs:g} runs")
-    return estimate_logs(log_medians(baseline), log_medians(candidate), config, prior, **common)
+    return estimate_logs(log_medians(baseline), log_medians(candidate), config, prior, pooled=fallback, **common)
 
 
 def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prior: VariancePrior,
-                  **common) -> Comparison:
+                  pooled: bool = False, **common) -> Comparison:
     """The model itself, on the runs' log medians: what `estimate` computes once its input is checked
-    (and what the gate's simulation drives directly). `common` fills the record's other fields."""
+    (and what the gate's simulation drives directly). `pooled`: both sides share one spread, for a
+    prior that is only a guess (no history to fit one), where this scenario's baseline runs are all
+    that is known of the machine. `common` fills the record's other fields."""
     k, m = len(b_log), len(c_log)
-    ss = float(np.sum((b_log - b_log.mean()) ** 2) + np.sum((c_log - c_log.mean()) ** 2))
-    df_data = (k - 1) + (m - 1)
-    tau2, df = prior.moderate(ss / df_data if df_data else 0.0, df_data)
-    tau = math.sqrt(tau2)
-    se = tau * math.sqrt(1.0 / k + 1.0 / m)
+    # Each side's spread from its own runs, each moderated toward the machine's prior (Welch, not a pooled
+    # variance): a candidate whose processes disagree (two of three slow) widens its own interval. Pooled,
+    # such a candidate against a 10-run baseline whose runs all happened to be fast gave false alarms above
+    # 3% for 4.7% of baselines (benchmarks/gate_sim.py --baseline-runs 10, 3% spread with slow processes).
+    if pooled:
+        ss = float(np.sum((b_log - b_log.mean()) ** 2) + np.sum((c_log - c_log.mean()) ** 2))
+        vb, df_b = prior.moderate(ss / (k + m - 2) if k + m > 2 else 0.0, k + m - 2)
+        vc, df_c = vb, df_b
+    else:
+        vb, df_b = prior.moderate(float(np.var(b_log, ddof=1)) if k > 1 else 0.0, k - 1)
+        vc, df_c = prior.moderate(float(np.var(c_log, ddof=1)) if m > 1 else 0.0, m - 1)
+    se = math.sqrt(vb / k + vc / m)
+    df = df_b if pooled else welch_df(vb / k, df_b, vc / m, df_c)
     # How far a baseline's mean may be off (beaten by only guard_baselines of baselines), plus how far
     # the candidate's own mean strays at guard_rate split over the looks.
-    guard = tau * (t_quantile(config.guard_rate / len(config.looks), df) / math.sqrt(m)
-                   + t_quantile(config.guard_baselines, df) / math.sqrt(k))
+    guard = (math.sqrt(vc / m) * t_quantile(config.guard_rate / len(config.looks), df_c)
+             + math.sqrt(vb / k) * t_quantile(config.guard_baselines, df_b))
     d = float(c_log.mean() - b_log.mean())
     common = {"name": "", "threshold": config.threshold, "baseline_runs": k, "candidate_runs": m,
               "looks": len(config.looks), "min_runs": config.min_runs,
               "looks_at": f"at {', '.join(map(str, config.looks))} candidate runs", **common}
     return Comparison(verdict=None, reason="", ratio=math.exp(d), p_value=t_test(d, se, df), df=df, se=se,
-                      guard=guard, run_spread=tau, prior=prior.source,
+                      guard=guard, run_spread=math.sqrt(vb), candidate_spread=math.sqrt(vc),
+                      spread_df=(df_b, df_c), pooled=pooled, prior=prior.source,
                       baseline_spread=float(np.std(b_log, ddof=1)) if k > 1 else None, **common)
+
+
+def welch_df(v1: float, df1: float, v2: float, df2: float) -> float:
+    """Welch-Satterthwaite degrees of freedom of v1 + v2, two variances of means with their own df
+    (infinite df: known exactly)."""
+    parts = sum(v * v / d for v, d in ((v1, df1), (v2, df2)) if math.isfinite(d))
+    return (v1 + v2) ** 2 / parts if parts > 0 else math.inf
 
 
 def prior_from_logs(history: Sequence[Sequence[float]]) -> VariancePrior | None:
@@ -303,18 +327,24 @@ ADD_RUNS = "add baseline runs (--bench-save NAME --bench-append) or candidate ru
 
 
 def _runs_to_decide(c: Comparison, alpha_used: float, config: GateConfig) -> int | None:
-    """Candidate runs in all that would likely decide, were the change and the spread to stay as they
-    are; None when no number of candidate runs would (the baseline's own uncertainty is the limit)."""
-    if c.guard is None or c.run_spread is None:
+    """Candidate runs in all that would likely decide, were the change and both sides' spreads to stay
+    as they are; None when no number of candidate runs would (the baseline's own uncertainty is the limit)."""
+    if c.guard is None or c.run_spread is None or c.candidate_spread is None or c.spread_df is None:
         return None
-    d, tau, k = abs(math.log(c.ratio)), c.run_spread, c.baseline_runs
-    q = t_quantile(alpha_used, c.df)
-    q_cand, q_base = t_quantile(config.guard_rate / c.looks, c.df), t_quantile(config.guard_baselines, c.df)
+    d, k = abs(math.log(c.ratio)), c.baseline_runs
+    vb, vc = c.run_spread ** 2, c.candidate_spread ** 2
+    df_b, df_c = c.spread_df
     for m in range(max(c.candidate_runs + 1, c.min_runs), 101):
-        se = tau * math.sqrt(1.0 / k + 1.0 / m)
+        more = m - c.candidate_runs     # each added run adds a degree of freedom to the spread it informs
+        df_bm, df_cm = (df_b + more, df_c + more) if c.pooled else (df_b, df_c + more)
+        se = math.sqrt(vb / k + vc / m)
+        # Welch's df, floored to a tenth (a slightly larger quantile) so the cached quantiles are reused
+        q = t_quantile(alpha_used, df_bm if c.pooled else math.floor(10 * welch_df(vb / k, df_b, vc / m, df_cm)) / 10)
         if d + q * se < math.log1p(2 * c.threshold):
             return m  # unchanged
-        if d > max(q * se, math.log1p(c.threshold), tau * (q_cand / math.sqrt(m) + q_base / math.sqrt(k))):
+        guard = (math.sqrt(vb / k) * t_quantile(config.guard_baselines, df_bm)
+                 + math.sqrt(vc / m) * t_quantile(config.guard_rate / c.looks, df_cm))
+        if d > max(q * se, math.log1p(c.threshold), guard):
             return m  # a change
     return None
 

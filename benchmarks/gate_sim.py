@@ -16,6 +16,8 @@ how often a 10% and a 30% slowdown are found from 1 and 3 fixed candidate runs a
 
     python benchmarks/gate_sim.py                    # the README's table (a few minutes on 2 cores)
     python benchmarks/gate_sim.py --baselines 20 --candidates 50     # a quick look
+    python benchmarks/gate_sim.py --baseline-runs 10                 # baselines of 10 runs
+    python benchmarks/gate_sim.py --told-slow --spreads 0.03         # a ceiling: the gate told which were slow
 
 Writes the table and the settings to .bench/gate_sim-<time>.json (never overwriting).
 """
@@ -28,14 +30,17 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-SCENARIOS, BASELINE_RUNS, WITHIN = 9, 5, 0.03 * 1.2533 / math.sqrt(20)
+SCENARIOS, WITHIN = 9, 0.03 * 1.2533 / math.sqrt(20)
 SLOW_SHARE, SLOW_EXCESS = 0.20, math.log(1.16)
 
 
-def draw(rng, n: int, spread: float, slow: bool, shift: float = 0.0) -> np.ndarray:
+def draw(rng, n: int, spread: float, slow: bool, shift: float = 0.0, told: bool = False) -> np.ndarray:
+    """n runs' log medians. `told`: the gate is told which processes were slow, and sees only the others
+    (a ceiling: what any model of slow processes could at best recover; a slow run is still spent)."""
     x = rng.normal(0.0, spread, n) + rng.normal(0.0, WITHIN, n) + shift
     if slow:
-        x += (rng.random(n) < SLOW_SHARE) * SLOW_EXCESS
+        is_slow = rng.random(n) < SLOW_SHARE
+        x = x[~is_slow] if told else x + is_slow * SLOW_EXCESS
     return x
 
 
@@ -51,21 +56,29 @@ def protocol(base: np.ndarray, prior, first: list, more, config):
 
 
 def cell(args) -> dict:
-    spread, slow, shift, mode, n_base, n_cand, seed, gate_kw = args
+    spread, slow, shift, mode, n_base, n_cand, seed, gate_kw, runs, told = args
     from bench_core.compare import SLOWER, GateConfig, prior_from_logs
 
     config = GateConfig(**gate_kw)
     rng = np.random.default_rng(seed)
+
+    def one():  # a run that gives a median (told: the slow ones are dropped, so draw until one is not)
+        while not (x := draw(rng, 1, spread, slow, shift, told)).size:
+            pass
+        return x[0]
+
     per_baseline, runs_used = [], []
     for _ in range(n_base):
-        history = [draw(rng, BASELINE_RUNS, spread, slow) for _ in range(SCENARIOS)]
+        history = [draw(rng, runs, spread, slow, told=told) for _ in range(SCENARIOS)]
+        while not history[0].size:   # told, and every baseline run of the gated scenario was slow
+            history[0] = draw(rng, runs, spread, slow, told=told)
         prior, base = prior_from_logs(history), history[0]
         hits = 0
         for _ in range(n_cand):
             if mode == "replicate":
-                first, more = [draw(rng, 1, spread, slow, shift)[0]], lambda: draw(rng, 1, spread, slow, shift)[0]
+                first, more = [one()], one
             else:  # a fixed number of candidate runs, no replication
-                first, more = list(draw(rng, int(mode), spread, slow, shift)), None
+                first, more = [one() for _ in range(int(mode))], None
             c = protocol(base, prior, first, more, config)
             hits += c.verdict == SLOWER
             runs_used.append(c.candidate_runs)
@@ -86,6 +99,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-runs", type=int, default=None)
     ap.add_argument("--guard-rate", type=float, default=None, help="GateConfig.guard_rate (the candidate's share)")
     ap.add_argument("--guard-baselines", type=float, default=None, help="GateConfig.guard_baselines")
+    ap.add_argument("--baseline-runs", type=int, default=5, help="runs of each scenario in a baseline")
+    ap.add_argument("--told-slow", action="store_true",
+                    help="a ceiling, not the gate as it is: the gate is told which processes were slow and sees "
+                         "only the others (runs are then counted among those)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-save", action="store_true")
@@ -98,13 +115,15 @@ def main(argv=None) -> int:
     jobs = []
     for i, spread in enumerate(ns.spreads):
         for slow in (False, True):
-            jobs.append((spread, slow, 0.0, "replicate", ns.baselines, ns.candidates, ns.seed * 1000 + 10 * i + slow, gate_kw))
+            jobs.append((spread, slow, 0.0, "replicate", ns.baselines, ns.candidates, ns.seed * 1000 + 10 * i + slow, gate_kw,
+                         ns.baseline_runs, ns.told_slow))
             for shift in (math.log(1.10), math.log(1.30)):
                 for mode in ("1", "3", "replicate"):
                     # detection: many baselines, few candidates each (the average over baselines is the question)
                     per = 10
                     jobs.append((spread, slow, shift, mode, max(1, ns.detect_trials // per), per,
-                                 ns.seed * 1000 + 10 * i + slow + int(100 * shift) + len(mode), gate_kw))
+                                 ns.seed * 1000 + 10 * i + slow + int(100 * shift) + len(mode), gate_kw,
+                                 ns.baseline_runs, ns.told_slow))
     with ProcessPoolExecutor(ns.workers) as pool:
         out = list(pool.map(cell, jobs))
     rows = []
@@ -124,7 +143,8 @@ def main(argv=None) -> int:
 
     g = GateConfig(**gate_kw)
     print(f"gate: alpha={g.alpha}, threshold={g.threshold:.0%}, min_runs={g.min_runs}, max_runs={g.max_runs} "
-          f"(looks at {list(g.looks)}), guard {g.guard_rate:.1%}/{g.guard_baselines:.1%}; false alarms over "
+          f"(looks at {list(g.looks)}), guard {g.guard_rate:.1%}/{g.guard_baselines:.1%}; baselines of "
+          f"{ns.baseline_runs} runs{' (TOLD which processes were slow: a ceiling)' if ns.told_slow else ''}; false alarms over "
           f"{ns.baselines} fixed baselines x {ns.candidates} candidates; detection over {ns.detect_trials} "
           f"candidates per cell")
     print(tabulate(rows, headers=headers, tablefmt="github"))

@@ -39,10 +39,11 @@ def test_p_value_is_the_t_test_of_the_model():
     mean_b = sum(b) / 3
     ss = sum((v - mean_b) ** 2 for v in b)
     tau2 = (4 * math.log1p(0.05) ** 2 + ss) / (4 + 2)  # constant samples: no within-run error
+    # the prior is only a guess (no history to fit one): both sides share the spread the baseline's runs inform
     se = math.sqrt(tau2 * (1 / 3 + 1))
     d = math.log(12) - mean_b
     assert c.ratio == pytest.approx(12 / math.exp(mean_b))
-    assert c.df == 6
+    assert c.df == 6 and c.pooled
     assert c.p_value == pytest.approx(st.t.sf(d / se, 6))  # one-sided, observed direction
     # a family of one decided at alpha=0.01 one-sided, split over the gate's 3 looks (3, 5 and 7 candidate
     # runs): the interval shown is the two-sided one at 1 - 2 x 0.01 / 3
@@ -147,6 +148,41 @@ def test_one_process_cannot_say_slower_but_fresh_processes_can():
     faster_looking = compare_runs("s", base, runs([7.0], seed=6))
     assert not worth_replicating(faster_looking, GateConfig())   # only possible slowdowns are chased
     assert not worth_replicating(c, GateConfig())                # nor decided ones
+
+
+def test_each_side_keeps_its_own_spread_so_disagreeing_candidate_processes_widen_their_interval():
+    import numpy as np
+
+    from bench_core.compare import decide_family, estimate_logs, welch_df
+    from bench_core.stats import VariancePrior
+
+    prior = VariancePrior(0.04 ** 2, 8, "fitted for the test")      # the machine: 4% run to run, worth 8 runs
+    base = np.log([10.0, 10.02, 9.98, 10.01, 9.99, 10.0, 10.03, 9.97, 10.0, 10.01])   # ten runs that agree
+    two_slow = np.log([11.6, 11.62, 10.0])       # two of three candidate processes 16% slow, one not
+    agree = np.log([11.0, 11.02, 10.98])         # three that agree on +10%
+    cfg = GateConfig()
+
+    def decided(c_log):
+        (c,) = decide_family([estimate_logs(base, c_log, cfg, prior, name="s")], cfg)
+        return c
+    mixed, real = decided(two_slow), decided(agree)
+    vb = prior.moderate(float(np.var(base, ddof=1)), 9)[0]
+    vc = prior.moderate(float(np.var(two_slow, ddof=1)), 2)[0]
+    assert mixed.run_spread == pytest.approx(math.sqrt(vb)) and mixed.candidate_spread == pytest.approx(math.sqrt(vc))
+    assert mixed.se == pytest.approx(math.sqrt(vb / 10 + vc / 3))
+    assert mixed.df == pytest.approx(welch_df(vb / 10, 17, vc / 3, 10)) and mixed.spread_df == (17, 10)
+    # +10.5% on average, but the candidate's own processes disagree by 16%: not called slower ...
+    assert mixed.ratio > 1.09 and mixed.verdict != SLOWER
+    # ... where pooling the two sides' spreads (the baseline's ten quiet runs dominate) would have called it
+    pooled = estimate_logs(base, two_slow, cfg, prior, pooled=True, name="s")
+    assert pooled.se < mixed.se and pooled.guard < mixed.guard
+    (pooled,) = decide_family([pooled], cfg)
+    assert pooled.verdict == SLOWER
+    # processes that agree on the change are called slower
+    assert real.verdict == SLOWER and real.candidate_spread < mixed.candidate_spread
+    # Welch-Satterthwaite: equal parts with equal df give twice the df; a known part adds none
+    assert welch_df(1.0, 5, 1.0, 5) == pytest.approx(10) and welch_df(1.0, math.inf, 0.0, math.inf) == math.inf
+    assert welch_df(1.0, 5, 1.0, math.inf) == pytest.approx(4 * 5)
 
 
 def test_a_change_inside_the_guard_against_an_unlucky_baseline_is_not_declared():
@@ -274,10 +310,16 @@ def test_the_gate_simulation_drives_the_gates_own_protocol():
     sim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sim)
     # seeded, so deterministic: a 30% slowdown at a quiet 3% spread is found from 3 runs; 1 run never says slower
-    found = sim.cell((0.03, False, math.log(1.3), "3", 20, 5, 11, {}))
+    found = sim.cell((0.03, False, math.log(1.3), "3", 20, 5, 11, {}, 5, False))
     assert found["rate"] >= 0.9 and found["mean_runs"] == 3
-    assert sim.cell((0.03, False, math.log(1.3), "1", 20, 5, 12, {}))["rate"] == 0.0
-    replicated = sim.cell((0.03, False, math.log(1.3), "replicate", 20, 5, 13, {}))
+    assert sim.cell((0.03, False, math.log(1.3), "1", 20, 5, 12, {}, 5, False))["rate"] == 0.0
+    replicated = sim.cell((0.03, False, math.log(1.3), "replicate", 20, 5, 13, {}, 5, False))
     assert replicated["rate"] >= 0.9 and 3 <= replicated["mean_runs"] <= 5      # fresh processes were started
-    unchanged = sim.cell((0.03, False, 0.0, "replicate", 10, 20, 14, {}))
+    unchanged = sim.cell((0.03, False, 0.0, "replicate", 10, 20, 14, {}, 5, False))
     assert unchanged["rate"] <= 0.01 and unchanged["mean_runs"] < 3              # most unchanged code is not chased
+    # the ceiling: told which processes were slow, the gate sees only the others (and still counts them as runs)
+    rng = __import__("numpy").random.default_rng(15)
+    seen = sum(sim.draw(rng, 5, 0.03, True, told=True).size for _ in range(400))
+    assert 0.75 * 2000 < seen < 0.85 * 2000      # 20% of processes are slow, and dropped
+    told = sim.cell((0.03, True, math.log(1.3), "3", 20, 5, 16, {}, 10, True))
+    assert told["rate"] >= 0.9 and told["mean_runs"] == 3
