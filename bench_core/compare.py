@@ -154,7 +154,8 @@ class Comparison:
     #                                        medians, moderated toward the prior)
     candidate_spread: float | None = None  # the candidate side's, moderated the same way
     spread_df: tuple[float, float] | None = None   # the degrees of freedom of those two
-    pooled: bool = False                   # one spread for both sides (the prior was only a guess)
+    pooled: bool = False                   # one spread for both sides (the prior was only a guess, or one
+    #                                        candidate run had no spread of its own)
     baseline_spread: float | None = None   # the baseline's own measured run-to-run spread, same units
     prior: str | None = None               # where the variance prior came from, in words
     more_runs: int | None = None           # inconclusive: candidate runs in all that would likely decide
@@ -283,6 +284,10 @@ def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prio
     prior that is only a guess (no history to fit one), where this scenario's baseline runs are all
     that is known of the machine. `common` fills the record's other fields."""
     k, m = len(b_log), len(c_log)
+    # One candidate run has no spread of its own: it is taken to spread like this scenario's baseline.
+    # Given only the machine's prior, a prior fitted from scenarios of very different spreads is worth
+    # almost nothing (0.5 df on a stored pool of this machine) and the first look could never chase.
+    pooled = pooled or m == 1
     # Each side's spread from its own runs, each moderated toward the machine's prior (Welch, not a pooled
     # variance): a candidate whose processes disagree (two of three slow) widens its own interval. Pooled,
     # such a candidate against a 10-run baseline whose runs all happened to be fast gave false alarms above
@@ -326,6 +331,11 @@ def prior_from_logs(history: Sequence[Sequence[float]]) -> VariancePrior | None:
 ADD_RUNS = "add baseline runs (--bench-save NAME --bench-append) or candidate runs"
 
 
+def _tenth_below(df: float) -> float:
+    """Degrees of freedom floored to a tenth (a slightly larger quantile), so cached quantiles are reused."""
+    return df if math.isinf(df) else math.floor(10 * df) / 10
+
+
 def _runs_to_decide(c: Comparison, alpha_used: float, config: GateConfig) -> int | None:
     """Candidate runs in all that would likely decide, were the change and both sides' spreads to stay
     as they are; None when no number of candidate runs would (the baseline's own uncertainty is the limit)."""
@@ -338,8 +348,7 @@ def _runs_to_decide(c: Comparison, alpha_used: float, config: GateConfig) -> int
         more = m - c.candidate_runs     # each added run adds a degree of freedom to the spread it informs
         df_bm, df_cm = (df_b + more, df_c + more) if c.pooled else (df_b, df_c + more)
         se = math.sqrt(vb / k + vc / m)
-        # Welch's df, floored to a tenth (a slightly larger quantile) so the cached quantiles are reused
-        q = t_quantile(alpha_used, df_bm if c.pooled else math.floor(10 * welch_df(vb / k, df_b, vc / m, df_cm)) / 10)
+        q = t_quantile(alpha_used, df_bm if c.pooled else _tenth_below(welch_df(vb / k, df_b, vc / m, df_cm)))
         if d + q * se < math.log1p(2 * c.threshold):
             return m  # unchanged
         guard = (math.sqrt(vb / k) * t_quantile(config.guard_baselines, df_bm)
@@ -358,7 +367,8 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     alpha_used = alpha * c.p_value / p_adjusted if p_adjusted > 0 and c.p_value > 0 else alpha
     confidence = 1.0 - 2.0 * alpha_used
     d = math.log(c.ratio)
-    lo, hi = (math.exp(v) for v in t_interval(d, c.se, c.df, confidence))
+    # An interval too wide to hold in a float (a spread with almost no degrees of freedom) is unbounded
+    lo, hi = (math.exp(min(v, 700.0)) for v in t_interval(d, c.se, c.df, confidence))
     if c.looks > 1:
         adjustment += f"; alpha split over {c.looks} looks" + (f" ({c.looks_at})" if c.looks_at else "")
     c = replace(c, ci_low=lo, ci_high=hi, confidence=confidence, p_adjusted=p_adjusted, adjustment=adjustment)

@@ -185,6 +185,24 @@ def test_each_side_keeps_its_own_spread_so_disagreeing_candidate_processes_widen
     assert welch_df(1.0, 5, 1.0, math.inf) == pytest.approx(4 * 5)
 
 
+def test_one_candidate_run_spreads_like_its_baseline_even_when_the_machines_prior_is_worth_almost_nothing():
+    import numpy as np
+
+    from bench_core.compare import decide_family, estimate_logs, possible_slowdown
+    from bench_core.stats import VariancePrior
+
+    weak = VariancePrior(0.01 ** 2, 0.5, "fitted from scenarios of very different spreads")   # measured: 0.48 df
+    base = np.log([10.0, 10.5, 9.6, 10.2, 9.9])
+    cfg = GateConfig()
+    (first,) = decide_family([estimate_logs(base, np.log([11.0]), cfg, weak, name="s")], cfg)
+    # one run: the baseline's spread and df, so a first look can still chase a possible slowdown
+    assert first.pooled and first.candidate_spread == first.run_spread and first.spread_df[1] == first.spread_df[0]
+    assert first.df > 4 and possible_slowdown(first, cfg.chase_p)
+    # three runs that disagree: each side its own spread; almost no df, an unbounded interval, but a verdict
+    (three,) = decide_family([estimate_logs(base, np.log([11.0, 14.0, 9.0]), cfg, weak, name="s")], cfg)
+    assert not three.pooled and three.df < 4 and three.verdict == INCONCLUSIVE and math.isfinite(three.ci_low)
+
+
 def test_a_change_inside_the_guard_against_an_unlucky_baseline_is_not_declared():
     from bench_core.stats import VariancePrior
 
