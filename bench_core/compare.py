@@ -23,7 +23,7 @@ not enough: a baseline whose mean came out low raises the false alarms of every 
 A change must also clear a guard, the distance by which a baseline's mean is off with probability
 at most `guard_baselines` plus the candidate's own noise at `guard_rate`, sized so that about
 `guard_baselines` of baselines give false alarms above `guard_rate` (benchmarks/gate_sim.py measures
-how close it gets: 1.3-3.8% of baselines above 3%, in the README).
+how close it gets: 0.4-1.1% of baselines above 3% in its six cells, in the README).
 
 Two steps, each done once: `estimate` turns one scenario's runs into d, its standard error, p and
 guard; `decide_family` adjusts the p-values of the scenarios decided together and gives each its
@@ -79,8 +79,8 @@ class GateConfig:
     max_runs: int | None = None    # the replication budget, candidate runs at most (None: 7, or min_runs if more)
     guard_rate: float = 0.03       # no baseline should give false alarms more often than this ...
     # ... except this share of baselines. 0.5% with a budget of 7 runs (benchmarks/gate_sim.py, 1000 fixed baselines
-    # x 300 candidates a cell): baselines above 3% false alarms 0.2-1.3% of them (1.3-3.8% at 1% and 5 runs), +10%
-    # at a 3% spread found in 90% of cases (91%), 1.2-1.5 runs on average for unchanged code
+    # x 300 candidates a cell): baselines above 3% false alarms 0.4-1.1% of them (1.3-3.8% at 1% and 5 runs), +10%
+    # at a 3% spread found in 90% of cases, 1.3-1.5 runs on average for unchanged code
     guard_baselines: float = 0.005
     window: int | None = None      # compare with the latest N baseline runs (the prior still uses them all)
     # Replicate a possible slowdown whose one-sided p is below this: loose on purpose, it only decides
