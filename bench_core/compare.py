@@ -382,6 +382,9 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     hint = "" if c.guard is None else (
         f" (about {more} candidate runs in all would likely decide)" if more is not None else
         " (candidate runs alone would not decide; the baseline needs more runs)")
+    if _disagreeing(c):   # say why the interval is wide, where the candidate's own processes made it so
+        hint = (f"; the candidate's runs spread {math.expm1(c.candidate_spread):.1%} against its baseline's "
+                f"{math.expm1(c.run_spread):.1%}, so some of its processes may have run slow{hint}")
     if sig and beyond and (c.guard is None or abs(d) > c.guard) and c.candidate_runs >= c.min_runs:
         verdict, why = direction, f"significant (p_adj={p_adjusted:.2g} < {alpha:.2g}) and {change} beyond the {thr:.0%} threshold"
     elif lo >= 1 / (1 + 2 * thr) and hi <= 1 + 2 * thr:
@@ -400,6 +403,12 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     if verdict != INCONCLUSIVE:
         more = None
     return replace(c, verdict=verdict, reason=why, more_runs=more)
+
+
+def _disagreeing(c: Comparison) -> bool:
+    """The candidate's own runs spread well beyond its baseline's (half as much again)."""
+    return (not c.pooled and c.candidate_spread is not None and c.run_spread is not None
+            and c.candidate_spread > 1.5 * c.run_spread)
 
 
 def possible_slowdown(c: Comparison, chase_p: float) -> bool:

@@ -178,6 +178,8 @@ def test_each_side_keeps_its_own_spread_so_disagreeing_candidate_processes_widen
     assert pooled.se < mixed.se and pooled.guard < mixed.guard
     (pooled,) = decide_family([pooled], cfg)
     assert pooled.verdict == SLOWER
+    # and the verdict says why its interval is wide
+    assert f"the candidate's runs spread {math.expm1(mixed.candidate_spread):.1%} against its baseline's" in mixed.reason
     # processes that agree on the change are called slower
     assert real.verdict == SLOWER and real.candidate_spread < mixed.candidate_spread
     # Welch-Satterthwaite: equal parts with equal df give twice the df; a known part adds none
