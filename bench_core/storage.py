@@ -36,7 +36,8 @@ JSON files (session results, baselines and A/B decision records share the versio
     1-rank samples of a scaling run; its `host_ms` / `gpu_ms` are then the maximum over ranks of each step.
     Since 2026-12-03 the gate moderates each side's spread on its own (Welch): a comparison's `run_spread` is
     the baseline side's, and it may carry `candidate_spread`, `spread_df` (the two spreads' degrees of
-    freedom) and `pooled` (true: one spread for both sides, when the prior was only the fixed guess).
+    freedom) and `pooled` (true: one spread for both sides, when the prior was only the fixed guess or the
+    candidate had one run).
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,

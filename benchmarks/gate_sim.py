@@ -36,7 +36,8 @@ SLOW_SHARE, SLOW_EXCESS = 0.20, math.log(1.16)
 
 def draw(rng, n: int, spread: float, slow: bool, shift: float = 0.0, told: bool = False) -> np.ndarray:
     """n runs' log medians. `told`: the gate is told which processes were slow, and sees only the others
-    (a ceiling: what any model of slow processes could at best recover; a slow run is still spent)."""
+    (a ceiling: what any model of slow processes could at best recover; generous, as the runs it counts
+    are the others, so it may start more processes than the budget)."""
     x = rng.normal(0.0, spread, n) + rng.normal(0.0, WITHIN, n) + shift
     if slow:
         is_slow = rng.random(n) < SLOW_SHARE
@@ -115,8 +116,8 @@ def main(argv=None) -> int:
     jobs = []
     for i, spread in enumerate(ns.spreads):
         for slow in (False, True):
-            jobs.append((spread, slow, 0.0, "replicate", ns.baselines, ns.candidates, ns.seed * 1000 + 10 * i + slow, gate_kw,
-                         ns.baseline_runs, ns.told_slow))
+            jobs.append((spread, slow, 0.0, "replicate", ns.baselines, ns.candidates, ns.seed * 1000 + 10 * i + slow,
+                         gate_kw, ns.baseline_runs, ns.told_slow))
             for shift in (math.log(1.10), math.log(1.30)):
                 for mode in ("1", "3", "replicate"):
                     # detection: many baselines, few candidates each (the average over baselines is the question)
