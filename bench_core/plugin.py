@@ -111,7 +111,8 @@ def pytest_addoption(parser):
     g.addoption(OPT_PAIRS, type=int, default=None, help="with --bench-against: alternated pairs per round (4)")
     g.addoption(OPT_WORKER_PAIRS, type=int, default=None, metavar="N",
                 help="with --bench-against, for code that cannot be loaded twice into one process: pairs of worker "
-                     "processes, the unit of evidence there (6); each pair serves every such scenario in turn")
+                     "processes, the unit of evidence there (6; 3 under --bench-quick); each pair serves every such "
+                     "scenario in turn")
     g.addoption(OPT_MAX_ROUNDS, type=int, default=None,
                 help="with --bench-against: a possible slowdown the first look leaves undecided runs on, a look every "
                      "--bench-rounds rounds, up to this many (3 x --bench-rounds; equal to it: one look)")
@@ -186,6 +187,7 @@ def pytest_configure(config):
             kw = {k: v for k, v in (("rounds", config.getoption(OPT_ROUNDS)), ("pairs", config.getoption(OPT_PAIRS)),
                                     ("max_rounds", config.getoption(OPT_MAX_ROUNDS)),
                                     ("processes", config.getoption(OPT_WORKER_PAIRS)),
+                                    ("quick_processes", config.getoption(OPT_WORKER_PAIRS)),
                                     ("threshold", config.getoption(OPT_THRESHOLD))) if v is not None}
             against = AgainstConfig(config.getoption(OPT_AGAINST), **kw)
         scfg = SessionConfig(

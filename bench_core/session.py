@@ -49,15 +49,17 @@ class AgainstConfig:
     quick_rounds: int = 3
     quick_pairs: int = 2
     processes: int = 6       # worker mode: pairs of processes (the unit of evidence there), the session's pool
+    quick_processes: int = 3  # the same under --bench-quick (--bench-worker-pairs sets both)
     process_rounds: int = 2  # worker mode: rounds of fresh instances in each pair
 
     def __post_init__(self):
         if self.rounds < 3 or self.pairs < 1:
             raise ValueError(f"--bench-against needs at least 3 rounds and 1 pair per round, got {self.rounds} "
                              f"and {self.pairs} (the interval comes from the spread between rounds)")
-        if self.processes < 3:
-            raise ValueError(f"--bench-worker-pairs needs at least 3 pairs of processes, got {self.processes} (the "
-                             f"interval comes from the spread between pairs)")
+        if min(self.processes, self.quick_processes) < 3:
+            raise ValueError(f"--bench-worker-pairs needs at least 3 pairs of processes, got "
+                             f"{min(self.processes, self.quick_processes)} (the interval comes from the spread between "
+                             f"pairs)")
         if self.max_rounds is None:
             object.__setattr__(self, "max_rounds", 3 * self.rounds)
         if self.max_rounds < self.rounds:
@@ -423,7 +425,7 @@ class BenchSession:
         from .sidebyside import run_processes
 
         a = self.config.against
-        k, rounds = (3, 1) if self.config.quick else (a.processes, a.process_rounds)
+        k, rounds = (a.quick_processes, 1) if self.config.quick else (a.processes, a.process_rounds)
         pairs = a.quick_pairs if self.config.quick else a.pairs
 
         pool = self.worker_pool()
