@@ -294,7 +294,9 @@ def test_two_hosts_gathered_aligned_straggler_named_exposure_measured(no_rank_le
     assert st.rank == 1 and st.named and st.figure == "local step"
     assert 0.1 < st.excess < 0.35           # made 20% slower; sleeps overshoot a little on a busy machine
     ex = exposure(rs)
-    assert 5.0 < ex.exposed_ms < 12.0       # 8 ms added after the all-reduce of the synchronised step
+    # 8 ms added after the all-reduce of the synchronised step, plus the all-reduce's own cost over gloo on
+    # localhost: 13.6 ms in all on one loaded CI run, so the bound says "the 8 ms, not several times it"
+    assert 5.0 < ex.exposed_ms < 20.0
     assert rs.replicas_max_abs_diff == 0.0  # DDP replicas, after steps and local steps put back
     assert rs.reference["ok"] and rs.reference["steps"] == 3
     m = measurement_from(Scenario("paced", ("forward",)), node0, device="cpu", warmup=1, repeats=12,
