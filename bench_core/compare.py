@@ -301,10 +301,7 @@ def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prio
         vc, df_c = prior.moderate(float(np.var(c_log, ddof=1)) if m > 1 else 0.0, m - 1)
     se = math.sqrt(vb / k + vc / m)
     df = df_b if pooled else welch_df(vb / k, df_b, vc / m, df_c)
-    # How far a baseline's mean may be off (beaten by only guard_baselines of baselines), plus how far
-    # the candidate's own mean strays at guard_rate split over the looks.
-    guard = (math.sqrt(vc / m) * t_quantile(config.guard_rate / len(config.looks), df_c)
-             + math.sqrt(vb / k) * t_quantile(config.guard_baselines, df_b))
+    guard = _guard(vb, df_b, k, vc, df_c, m, config, len(config.looks))
     d = float(c_log.mean() - b_log.mean())
     common = {"name": "", "threshold": config.threshold, "baseline_runs": k, "candidate_runs": m,
               "looks": len(config.looks), "min_runs": config.min_runs,
@@ -313,6 +310,14 @@ def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prio
                       guard=guard, run_spread=math.sqrt(vb), candidate_spread=math.sqrt(vc),
                       spread_df=(df_b, df_c), pooled=pooled, prior=prior.source,
                       baseline_spread=float(np.std(b_log, ddof=1)) if k > 1 else None, **common)
+
+
+def _guard(vb: float, df_b: float, k: int, vc: float, df_c: float, m: int, config: GateConfig, looks: int) -> float:
+    """How far a baseline's mean of k runs may be off (beaten by only guard_baselines of baselines), plus how
+    far the candidate's own mean of m runs strays at guard_rate split over the looks: each side's variance
+    of one run and its degrees of freedom."""
+    return (math.sqrt(vb / k) * t_quantile(config.guard_baselines, df_b)
+            + math.sqrt(vc / m) * t_quantile(config.guard_rate / looks, df_c))
 
 
 def welch_df(v1: float, df1: float, v2: float, df2: float) -> float:
@@ -351,9 +356,7 @@ def _runs_to_decide(c: Comparison, alpha_used: float, config: GateConfig) -> int
         q = t_quantile(alpha_used, df_bm if c.pooled else _tenth_below(welch_df(vb / k, df_b, vc / m, df_cm)))
         if d + q * se < math.log1p(2 * c.threshold):
             return m  # unchanged
-        guard = (math.sqrt(vb / k) * t_quantile(config.guard_baselines, df_bm)
-                 + math.sqrt(vc / m) * t_quantile(config.guard_rate / c.looks, df_cm))
-        if d > max(q * se, math.log1p(c.threshold), guard):
+        if d > max(q * se, math.log1p(c.threshold), _guard(vb, df_bm, k, vc, df_cm, m, config, c.looks)):
             return m  # a change
     return None
 
