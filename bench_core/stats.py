@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy import special as _sp
@@ -184,6 +184,9 @@ class VariancePrior:
     variance: float
     df: float              # math.inf: known exactly
     source: str            # how it was obtained, in words
+    # The machine's slow processes (`slow_runs.SlowRuns`) where its runs show two levels; the variance is
+    # then that of the runs judged fast
+    slow: Any = None
 
     def moderate(self, s2: float, df: float) -> tuple[float, float]:
         """The posterior variance and its degrees of freedom (limma's moderated variance)."""
