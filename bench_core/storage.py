@@ -37,7 +37,7 @@ JSON files (session results, baselines and A/B decision records share the versio
     Since 2026-12-03 the gate moderates each side's spread on its own (Welch): a comparison's `run_spread` is
     the baseline side's, and it may carry `candidate_spread`, `spread_df` (the two spreads' degrees of
     freedom) and `pooled` (true: one spread for both sides, when the prior was only the fixed guess or the
-    candidate had one run). Since 2026-12-04, where the baseline's history shows slow processes as a second
+    candidate had one run). Later the same day, where the baseline's history shows slow processes as a second
     level, a comparison may carry `slow_runs` (how many runs of the baseline and of the candidate were likely
     slow); its `prior` then names the slow share and excess, its `se` is the posterior's sd and `df` is
     infinite (the interval is the posterior's, not a t interval).
