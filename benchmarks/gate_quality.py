@@ -80,13 +80,14 @@ def rates(runs_a, runs_b, k: int, trials: int, seed: int, config, fixed: int | N
     names = sorted(runs_a[0])
     out = {}
     for kind in ("A/A", "A/B"):
-        verdicts, used, by_name = [], [], {n: 0 for n in names}
+        verdicts, used, by_name, two_level = [], [], {n: 0 for n in names}, 0
         for _ in range(trials):
             order = rng.sample(range(len(runs_a)), len(runs_a))
             base_runs = [runs_a[i] for i in order[:k]]
             pool = [runs_a[i] for i in order[k:]] if kind == "A/A" else rng.sample(runs_b, len(runs_b))
             base = {n: [r[n] for r in base_runs] for n in names}
             prior = noise_prior(base)
+            two_level += prior is not None and prior.slow is not None
             for name in names:
                 def judge(runs, name=name):
                     (c,) = decide_family([estimate(name, base[name], [r[name] for r in runs], config, prior)], config,
@@ -100,7 +101,8 @@ def rates(runs_a, runs_b, k: int, trials: int, seed: int, config, fixed: int | N
                 by_name[name] += c.verdict == SLOWER
         out[kind] = {"decisions": len(verdicts), "slower": verdicts.count(SLOWER),
                      "counts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
-                     "mean_runs": sum(used) / len(used), "slower_by_scenario": by_name}
+                     "mean_runs": sum(used) / len(used), "slower_by_scenario": by_name,
+                     "two_level_baselines": two_level}
     return out
 
 
@@ -171,6 +173,9 @@ def main(argv=None) -> int:
           f"max_runs={config.max_runs}; {ns.trials} draws x {len(spread)} scenarios per cell")
     print(tabulate(rows, headers=["candidate processes", "A/A false slower", f"A/B detected (+{ns.slowdown:.0%})",
                                   "runs used A/A / A/B"], tablefmt="github"))
+    two = {kind: results[0][kind]["two_level_baselines"] for kind in ("A/A", "A/B")}
+    print(f"baselines whose runs were fitted as two levels (slow processes apart): {two['A/A']} of the A/A draws' "
+          f"{ns.trials}, {two['A/B']} of the A/B draws'")
     shared = {label: shared_level(runs) for label, runs in (("A", runs_a), ("B", runs_b))}
     for label, sh in shared.items():
         print(f"process level shared across scenarios ({label}): mean correlation {sh['mean_correlation']:+.2f}; "

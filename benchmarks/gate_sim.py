@@ -100,6 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-runs", type=int, default=None)
     ap.add_argument("--guard-rate", type=float, default=None, help="GateConfig.guard_rate (the candidate's share)")
     ap.add_argument("--guard-baselines", type=float, default=None, help="GateConfig.guard_baselines")
+    ap.add_argument("--chase-p", type=float, default=None, help="GateConfig.chase_p (what is worth replicating)")
     ap.add_argument("--baseline-runs", type=int, default=5, help="runs of each scenario in a baseline")
     ap.add_argument("--told-slow", action="store_true",
                     help="a ceiling, not the gate as it is: the gate is told which processes were slow and sees "
@@ -112,7 +113,8 @@ def main(argv=None) -> int:
     from tabulate import tabulate
 
     gate_kw = {k: v for k, v in (("min_runs", ns.min_runs), ("max_runs", ns.max_runs), ("guard_rate", ns.guard_rate),
-                                 ("guard_baselines", ns.guard_baselines)) if v is not None}
+                                 ("guard_baselines", ns.guard_baselines),
+                                 ("chase_p", ns.chase_p)) if v is not None}
     jobs = []
     for i, spread in enumerate(ns.spreads):
         for slow in (False, True):
