@@ -29,7 +29,7 @@ not enough: a baseline whose mean came out low raises the false alarms of every 
 A change must also clear a guard, the distance by which a baseline's mean is off with probability
 at most `guard_baselines` plus the candidate's own noise at `guard_rate`, sized so that about
 `guard_baselines` of baselines give false alarms above `guard_rate` (benchmarks/gate_sim.py measures
-how close it gets: 0.4-1.1% of baselines above 3% in its six cells, in the README).
+how close it gets: 0.0-1.0% of baselines above 3% in its twelve cells, 5- and 10-run baselines, in the README).
 
 Two steps, each done once: `estimate` turns one scenario's runs into d, its standard error, p and
 guard; `decide_family` adjusts the p-values of the scenarios decided together and gives each its

@@ -5,8 +5,8 @@ gate's own functions (`compare.prior_from_logs`, `estimate_logs`, `decide_family
 The model of a run (one process) of one scenario: log(run median) = level + process drift
 N(0, spread^2) + the median's own error (within-run sd 3% over 20 samples) + a slow-process excess
 log(1.16) with probability 20% ("slow processes", on or off per cell). A baseline is 9 scenarios x 5
-runs of that; the variance prior is fitted from its 9 scenarios, and scenario 0 is gated, as a family
-of one (the least correction, so the most false alarms).
+runs of that; the variance prior (and the two levels, where the fit finds them) is fitted from its 9
+scenarios, and scenario 0 is gated, as a family of one (the least correction, so the most false alarms).
 
 Because a baseline is recorded once and reused, false alarms are counted per fixed baseline: for each
 of --baselines baselines, --candidates fresh candidates of unchanged code run the gate's protocol
@@ -14,7 +14,7 @@ of --baselines baselines, --candidates fresh candidates of unchanged code run th
 the average false-"slower" rate, the share of baselines above 2% and 3%, and the worst baseline; then
 how often a 10% and a 30% slowdown are found from 1 and 3 fixed candidate runs and with replication.
 
-    python benchmarks/gate_sim.py                    # the README's table (a few minutes on 2 cores)
+    python benchmarks/gate_sim.py --baselines 300 --candidates 150 --detect-trials 1000   # the README's table
     python benchmarks/gate_sim.py --baselines 20 --candidates 50     # a quick look
     python benchmarks/gate_sim.py --baseline-runs 10                 # baselines of 10 runs
     python benchmarks/gate_sim.py --told-slow --spreads 0.03         # a ceiling: the gate told which were slow
