@@ -15,9 +15,10 @@ that beats one level by a wide likelihood margin, a minority of slow runs, and a
 is the honest one). The spread prior is then fitted from the runs judged fast only.
 
 `level_posterior` is one side's fast level given its runs: a flat prior on the level and the spread
-from the machine's prior, so the posterior of a location carries exact frequentist coverage given
-the runs' pattern (Pitman); a side whose runs all look alike keeps the chance that all of them were
-slow. `difference` is the posterior of candidate level minus baseline level, whose tail is the
+from the machine's prior. Were share, excess and spread known, the flat-prior posterior of a location
+would be its exact frequentist answer given the runs' pattern (Pitman); they are estimated, so the
+error rates are measured (benchmarks/gate_sim.py). A side whose runs all look alike keeps the chance
+that all of them were slow. `difference` is the posterior of candidate level minus baseline level, whose tail is the
 gate's p-value and whose quantiles are its interval and guard.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from scipy import stats as _st
 
 from .stats import VariancePrior, fit_variance_prior
 
-SEPARATION = 4.0        # excess / spread below this: a slow run and a real change cannot be told apart
+SEPARATION = 4.0            # excess / spread below this: a slow run and a real change cannot be told apart
 MIN_LIKELIHOOD_GAIN = 12.0  # log-likelihood a second level must add: none of 1200 one-level histories reached it
 MAX_SHARE = 0.45            # a larger "slow" share is one level split in two
 MAX_GRID = 200_000          # level grid points a side may use (x 12 spread points x runs, in memory)
