@@ -524,12 +524,24 @@ def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConf
     return [c if a is None else decide(c, a, config, how, advice) for c, a in zip(estimates, adj)]
 
 
-def baseline_warnings(name: str, created: Sequence[str | None], uniform_within_s: float = 3600.0) -> list[str]:
-    """What makes a baseline hard to trust, in words: too few runs to measure its spread, or runs all
-    recorded in one sitting, whose spread misses the drift of a machine over hours and days."""
+SLOW_MACHINE_RUNS = 10   # baseline runs that give the two-level model its power (benchmarks/gate_sim.py)
+
+
+def baseline_warnings(name: str, created: Sequence[str | None], uniform_within_s: float = 3600.0,
+                      prior: VariancePrior | None = None) -> list[str]:
+    """What makes a baseline hard to trust, in words: too few runs to measure its spread, runs all
+    recorded in one sitting, whose spread misses the drift of a machine over hours and days, or too few
+    runs to tell a machine's slow processes from a change (`prior`: the one fitted from the baseline)."""
     import datetime as dt
 
     out = []
+    if prior is not None and prior.slow is not None and len(created) < SLOW_MACHINE_RUNS:
+        # measured at a 3% spread with 20% of processes 16% slow: +10% found in 53% of cases with 5 baseline
+        # runs and 93% with 10 (up to 7 candidate runs)
+        out.append(f"baseline {name!r}: this machine's runs show slow processes ({prior.slow.source}); with "
+                   f"{len(created)} baseline runs the gate may miss a real slowdown (simulated: +10% found in about "
+                   f"half of cases from 5 runs, 9 in 10 from {SLOW_MACHINE_RUNS}); record {SLOW_MACHINE_RUNS} runs "
+                   f"(--bench-save {name} --bench-append)")
     if len(created) < 3:
         out.append(f"baseline {name!r} holds {len(created)} run(s): its run-to-run spread is assumed, not measured; "
                    f"record at least 3 runs in separate sessions, at different times (--bench-save {name} "

@@ -137,7 +137,7 @@ class BenchSession:
             self.prior = noise_prior(self.baseline)
             created = [r["created"] for r in storage.baseline_runs(config.baselines_dir, config.compare)]
             self.baseline_notes = baseline_warnings(config.compare, created[-config.gate.window:]
-                                                    if config.gate.window else created)
+                                                    if config.gate.window else created, prior=self.prior)
 
     # -- measuring -------------------------------------------------------------------------------
     def counts(self, warmup: int | None, repeats: int | None) -> tuple[int, int]:

@@ -130,3 +130,14 @@ def test_runs_orders_of_magnitude_apart_fall_back_to_one_level():
     c = decided(np.log([10.0, 10.0, 10.0]), np.log([10.0, 1e8, 10.0]), prior)
     assert c.slow_runs is None and c.posterior is None and "one level here" in c.prior
     assert c.verdict is not None
+
+
+def test_a_baseline_too_short_for_a_machine_with_slow_processes_is_named():
+    from bench_core.compare import baseline_warnings
+
+    days = [f"2026-12-0{d}T10:00:00+00:00" for d in range(1, 6)]        # 5 runs on 5 days: nothing else to say
+    assert baseline_warnings("main", days, prior=prior_from_logs(history(2, slow=False))) == []
+    (note,) = baseline_warnings("main", days, prior=fit_slow_runs(history(1)))
+    assert "show slow processes" in note and "record 10 runs" in note and "with 5 baseline runs" in note
+    ten = days + [f"2026-12-1{d}T10:00:00+00:00" for d in range(5)]
+    assert baseline_warnings("main", ten, prior=fit_slow_runs(history(1))) == []
