@@ -148,7 +148,7 @@ class Comparison:
     candidate_runs: int = 0
     timer: str | None = None
     differences: Mapping = field(default_factory=dict)
-    df: float | None = None
+    df: float | None = None                # of the t interval (None: the two-level model's interval is its posterior's)
     se: float | None = None
     adjustment: str | None = None          # how p was adjusted for the family, in words
     method: str | None = None              # what the runs are: stored-baseline runs, or side-by-side rounds
@@ -176,6 +176,11 @@ class Comparison:
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         del d["posterior"]
+        # JSON has no infinity: degrees of freedom that are infinite (a spread known exactly) are written as null
+        finite = lambda v: v if v is None or math.isfinite(v) else None
+        d["df"] = finite(self.df)
+        if self.spread_df is not None:
+            d["spread_df"] = [finite(v) for v in self.spread_df]
         d["differences"] = {k: list(v) for k, v in self.differences.items()}
         return d
 
@@ -347,7 +352,7 @@ def _estimate_two_levels(post: Difference, config: GateConfig, prior: VariancePr
         p, guard = 1.0 - below, (b.median - b.quantile(gb)) + (c.quantile(1 - gc) - c.median)
     # The spreads and their df serve the projection of how many runs would decide (`_runs_to_decide`), which
     # reads the fast levels as one-level means: optimistic by the slow share, so it chases a little more
-    return Comparison(verdict=None, reason="", ratio=math.exp(d), p_value=max(p, 1e-300), df=math.inf, se=post.sd,
+    return Comparison(verdict=None, reason="", ratio=math.exp(d), p_value=max(p, 1e-300), df=None, se=post.sd,
                       guard=guard, run_spread=b.spread, candidate_spread=c.spread,
                       spread_df=(prior.df + k - 1, prior.df + m - 1),
                       pooled=False, prior=prior.source, slow_runs=(b.slow_runs, c.slow_runs),

@@ -39,8 +39,9 @@ JSON files (session results, baselines and A/B decision records share the versio
     freedom) and `pooled` (true: one spread for both sides, when the prior was only the fixed guess or the
     candidate had one run). Later the same day, where the baseline's history shows slow processes as a second
     level, a comparison may carry `slow_runs` (how many runs of the baseline and of the candidate were likely
-    slow); its `prior` then names the slow share and excess, its `se` is the posterior's sd and `df` is
-    infinite (the interval is the posterior's, not a t interval).
+    slow) and `slow_share`; its `prior` then names the slow share and excess, its `se` is the posterior's sd
+    and its `df` null (the interval is the posterior's, not a t interval). A `df` or `spread_df` entry that is
+    infinite (a spread known exactly) is written as null: JSON has no infinity.
 
 Torch files, each with its own version:
   starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,

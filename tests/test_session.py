@@ -155,3 +155,29 @@ def test_an_incomplete_session_is_not_stored_as_a_baseline_run(tmp_path):
     s.run(Scenario("a", ("forward",)), _levels(clock, [2.0]), clock=clock)
     s.finish(incomplete="1 test(s) failed")
     assert (tmp_path / "bl" / "main.json").exists()
+
+
+def test_a_machine_with_slow_processes_is_gated_on_two_levels_and_stored(tmp_path):
+    import json
+    import re
+
+    # 10 baseline runs of three scenarios; runs 2 and 7 were slow processes (+40% in every scenario)
+    for i in range(10):
+        s = _session(tmp_path, save="main", append=i > 0, repeats=10, warmup=0)
+        for name, level in (("a", 2.0), ("b", 5.0), ("c", 9.0)):
+            clock = FakeClock()
+            jitter = 1 + 0.01 * ((7 * i) % 5 - 2)
+            s.run(Scenario(name, ("forward",)), _levels(clock, [level * jitter * (1.4 if i in (2, 7) else 1.0)]),
+                  clock=clock)
+        s.finish()
+    s = _session(tmp_path, compare="main", repeats=10, warmup=0)
+    assert s.prior.slow is not None and s.prior.slow.share == pytest.approx(0.2, abs=0.02)
+    clock = FakeClock()
+    _, c = s.run(Scenario("a", ("forward",)), _levels(clock, [2.5]), clock=clock, replicate=_replicas([2.5]))
+    assert c.verdict == "slower" and c.slow_runs[0] == pytest.approx(2.0, abs=0.1) and c.ratio == pytest.approx(1.25, rel=0.02)
+    text = " ".join(" ".join(body for _, body in s.summary_sections()).split())     # unwrapped
+    assert re.search(r"20% of runs \+4\d% slow, fitted from 30 runs of 3 scenarios", text)   # the +40%, with jitter
+    (line,), failures = s.finish()
+    assert failures == []      # the record, with its posterior's figures, reaches the file
+    stored = json.loads(open(line.removeprefix("results written to ")).read())["comparisons"][0]
+    assert stored["verdict"] == "slower" and stored["slow_share"] == pytest.approx(0.2, abs=0.02) and stored["df"] is None
