@@ -14,7 +14,6 @@ pytest_plugins = ["pytester"]
 import torch._dynamo  # noqa: E402, F401
 
 
-
 @pytest.fixture(autouse=True)
 def _gc_frozen():
     """Every measurement collects garbage before its samples (`sampling.gc_paused`); with torch, pytest and
