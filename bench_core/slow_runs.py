@@ -98,7 +98,7 @@ def fit_two_levels(xs: Sequence[np.ndarray], iterations: int = 200) -> TwoLevelF
     sizes = np.bincount(which).astype(float)
     one_level = x - np.array([v.mean() for v in xs])[which]
     spread1 = math.sqrt(max(float(np.mean(one_level ** 2)), 1e-300))
-    ll_one = float(np.sum(_mixture_loglik(one_level, spread1, 0.5, 0.0)))
+    ll_one = -float(np.sum(0.5 * (one_level / spread1) ** 2)) - n * (math.log(spread1) + _HALF_LOG_2PI)   # one normal
     robust = 1.4826 * float(np.median(np.abs(x - np.array([np.median(v) for v in xs])[which]))) or spread1
     best = None
     for times in (3.0, 5.0, 8.0):    # a few starts: EM finds the nearest optimum
