@@ -109,11 +109,13 @@ def test_the_guard_reads_each_side_on_the_side_a_false_alarm_needs():
     c = decided(base, base[:3] + 0.3, prior, cfg)   # far slower: only the guard's arithmetic matters here
     post = c.posterior
     gb, gc = cfg.guard_baselines, cfg.guard_rate / len(cfg.looks)
-    want = (post.baseline.quantile(1 - gb) - post.baseline.median) + (post.candidate.median - post.candidate.quantile(gc))
+    lb, lc = post.baseline, post.candidate   # each side's level
+    want = (lb.quantile(1 - gb) - lb.median) + (lc.median - lc.quantile(gc))
     assert c.guard == pytest.approx(want) and c.verdict == SLOWER
     faster = decided(base, base[:3] - 0.3, prior, cfg)
     post = faster.posterior
-    want = (post.baseline.median - post.baseline.quantile(gb)) + (post.candidate.quantile(1 - gc) - post.candidate.median)
+    lb, lc = post.baseline, post.candidate   # each side's level
+    want = (lb.median - lb.quantile(gb)) + (lc.quantile(1 - gc) - lc.median)
     assert faster.guard == pytest.approx(want) and faster.verdict == "faster"
 
 
