@@ -184,23 +184,28 @@ def grid_step(prior: VariancePrior) -> float:
     return max(float(_spread_points(prior).min()) / 40.0, prior.slow.excess / 2000.0)
 
 
+def _level_range(runs: np.ndarray, prior: VariancePrior) -> tuple[float, float]:
+    """Where a side's fast level can lie: from all its runs slow to all fast, with room for the widest spread."""
+    wide = 6.0 * float(_spread_points(prior).max())
+    return float(np.min(runs)) - prior.slow.excess - wide, float(np.max(runs)) + wide
+
+
 def grid_points(x: np.ndarray, prior: VariancePrior) -> int:
     """How many points a side's level grid needs: runs far apart (one 1000x off) need very many."""
-    wide = 6.0 * float(_spread_points(prior).max())
-    return int((float(np.ptp(x)) + prior.slow.excess + 2 * wide) / grid_step(prior)) + 2
+    lo, hi = _level_range(x, prior)
+    return int((hi - lo) / grid_step(prior)) + 2
 
 
 @functools.lru_cache(maxsize=256)   # a baseline is judged against many candidates (and looks) in a row
 def level_posterior(x: tuple[float, ...], prior: VariancePrior) -> LevelPosterior:
     """The posterior of one side's fast level given its runs `x` (log medians): a flat prior on the level,
     the spread averaged over the prior's points, each run fast or slow as the machine's share says. The
-    grid runs from all runs slow to all fast with room for the widest spread, on multiples of
-    `grid_step`, so two sides' grids line up."""
+    grid covers `_level_range` on multiples of `grid_step`, so two sides' grids line up."""
     slow, runs = prior.slow, np.asarray(x, float)
-    sig = _spread_points(prior)
-    step, wide = grid_step(prior), 6.0 * float(sig.max())
-    first = math.floor((float(runs.min()) - slow.excess - wide) / step)
-    grid = step * np.arange(first, math.ceil((float(runs.max()) + wide) / step) + 1)
+    sig, step = _spread_points(prior), grid_step(prior)
+    lo, hi = _level_range(runs, prior)
+    first = math.floor(lo / step)
+    grid = step * np.arange(first, math.ceil(hi / step) + 1)
     fast, slow_ll = _two_logs(runs[:, None, None] - grid[None, None, :], sig[None, :, None], slow.share, slow.excess)
     each = np.logaddexp(fast, slow_ll)                          # run x spread point x level
     ll = each.sum(axis=0)
