@@ -421,11 +421,11 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     alpha_used = alpha * c.p_value / p_adjusted if p_adjusted > 0 and c.p_value > 0 else alpha
     confidence = 1.0 - 2.0 * alpha_used
     d = math.log(c.ratio)
-    # An interval too wide to hold in a float (a spread with almost no degrees of freedom) is unbounded
     if c.posterior is not None:
         ends = (c.posterior.quantile(alpha_used), c.posterior.quantile(1.0 - alpha_used))
     else:
         ends = t_interval(d, c.se, c.df, confidence)
+    # An interval too wide to hold in a float (a spread with almost no degrees of freedom) is unbounded
     lo, hi = (math.exp(min(v, 700.0)) for v in ends)
     if c.looks > 1:
         adjustment += f"; alpha split over {c.looks} looks" + (f" ({c.looks_at})" if c.looks_at else "")
