@@ -41,7 +41,7 @@ def _steps(clock, levels):
 
 def _session(tmp_path, **kw):
     return BenchSession(SessionConfig(**{"results_dir": tmp_path / "res", "baselines_dir": tmp_path / "bl",
-                                         "repeats": 12, "warmup": 1, **kw}), ENV)
+                                         "repeats": 12, "warmup": 1, "threads": 1, **kw}), ENV)
 
 
 def _scenarios():
@@ -100,7 +100,8 @@ def _side_by_side() -> dict:
 
     def build(side, ms):
         return lambda r: Instance(lambda: clock.advance_ms(ms * biases[(side, r)]))
-    s = BenchSession(SessionConfig(results_dir=None, against=AgainstConfig("HEAD", rounds=4, pairs=2, max_rounds=12)),
+    s = BenchSession(SessionConfig(results_dir=None, threads=1,
+                                   against=AgainstConfig("HEAD", rounds=4, pairs=2, max_rounds=12)),
                      ENV)
     s.revision = SimpleNamespace(revision=SimpleNamespace(commit="0123456789abcdef", label="HEAD"),
                                  current=SimpleNamespace(commit="fedcba9876543210", dirty=False))
