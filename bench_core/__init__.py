@@ -1,15 +1,40 @@
-"""bench_core: GPU-correct timing, baselines, a statistical gate and correctness-from-a-saved-state."""
+"""bench_core: GPU-correct timing, baselines, a statistical gate and correctness-from-a-saved-state.
 
-__version__ = "0.3.0"
+The front door. The records and errors import without torch; the names that need torch (measuring,
+A/B, validation) are imported on first use, so `import bench_core` and the pure layers below it work
+where torch is missing or broken.
+"""
+from importlib import import_module
 
-from .errors import BenchError, InvalidRecord, ScenarioError, StorageError  # noqa: E402
-from .scenario import STAGES, Scenario  # noqa: E402
-from .records import ColdStart, Measurement, Memory  # noqa: E402
-from .measuring import measure  # noqa: E402
-from .diagnose import stage  # noqa: E402
-from .interleaved import ab, ab_rounds  # noqa: E402
-from .state import StartingState  # noqa: E402
-from .correctness import Tolerance, Tolerances, Variant, validate  # noqa: E402
+from bench_core.core.errors import BenchError, InvalidRecord, ScenarioError, StorageError
+from bench_core.core.records import ColdStart, Measurement, Memory
+from bench_core.core.scenario import STAGES, Scenario
+from bench_core.core.version import __version__
+
+_LAZY = {
+    "measure": "bench_core.timing.measuring",
+    "stage": "bench_core.workflows.diagnose.profile",
+    "ab": "bench_core.workflows.ab",
+    "ab_rounds": "bench_core.workflows.ab",
+    "StartingState": "bench_core.workflows.validation.state",
+    "Tolerance": "bench_core.workflows.validation.correctness",
+    "Tolerances": "bench_core.workflows.validation.correctness",
+    "Variant": "bench_core.workflows.validation.correctness",
+    "validate": "bench_core.workflows.validation.correctness",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value   # once imported, an ordinary attribute
+        return value
+    raise AttributeError(f"module 'bench_core' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)
+
 
 __all__ = [
     "__version__", "BenchError", "InvalidRecord", "ScenarioError", "StorageError",

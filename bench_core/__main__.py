@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from bench_core.shells.cli import main
 
 sys.exit(main())

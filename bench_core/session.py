@@ -10,14 +10,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .compare import (INCOMPARABLE, INCONCLUSIVE, SLOWER, Comparison, GateConfig, baseline_warnings, decide_family,
-                      estimate, noise_prior, planned_looks, possible_slowdown, replicate_until_decided,
-                      scenario_differences)
-from .errors import ScenarioError, StorageError
-from .measuring import measure
-from .records import Measurement
-from .scenario import Scenario
-from . import storage
+from bench_core.deciding.gate import (Comparison, GateConfig, baseline_warnings, decide_family, estimate, noise_prior,
+                                     scenario_differences)
+from bench_core.deciding.sequential import planned_looks, possible_slowdown, replicate_until_decided
+from bench_core.deciding.verdicts import INCOMPARABLE, INCONCLUSIVE, SLOWER
+from bench_core.core.errors import ScenarioError, StorageError
+from bench_core.timing.measuring import measure
+from bench_core.core.records import Measurement
+from bench_core.core.scenario import Scenario
+from bench_core.files import storage
 
 DEFAULT_WARMUP = 3
 DEFAULT_REPEATS = 20
@@ -166,7 +167,7 @@ class BenchSession:
 
     def limited(self, scenario: Scenario):
         """The scenario's time limit, as a context: a hang fails that scenario, by name."""
-        from .sampling import time_limit
+        from bench_core.timing.sampling import time_limit
 
         return time_limit(self.config.timeout_s, scenario.name)
 
@@ -190,8 +191,8 @@ class BenchSession:
         m, c = self.gate(first, None if replicate is None else lambda: replicate(*counts))
         self.results.append(m)
         if self.config.profile is not None:  # after the measurement, never inside it
-            from .diagnose import profile
-            from .flops import roofline_hypotheses
+            from bench_core.workflows.diagnose.profile import profile
+            from bench_core.workflows.diagnose.trace_analysis import roofline_hypotheses
 
             if self.config.profile.with_flops:
                 self.measure_cpu_roofs()
@@ -205,7 +206,7 @@ class BenchSession:
     def count_work(self, m: Measurement, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> Measurement:
         """The result with its counted work; on the CPU the machine's matmul peak is measured once, for the
         utilization figure, and kept in the environment."""
-        from .flops import count
+        from bench_core.timing.flops import count
 
         try:
             work = count(fn, setup)
@@ -218,7 +219,7 @@ class BenchSession:
     def measure_cpu_roofs(self) -> None:
         """On the CPU, the machine's matmul peak and copy bandwidth, measured once per session (outside every
         timed window) and kept in the environment: the roofs utilization is a share of."""
-        from .flops import cpu_bandwidth, cpu_peak
+        from bench_core.timing.flops import cpu_bandwidth, cpu_peak
 
         if self.config.device == "cpu" and "cpu_peak_flops" not in self.environment:
             self.environment["cpu_peak_flops"] = cpu_peak()
@@ -226,7 +227,7 @@ class BenchSession:
 
     def bandwidth(self, m: Measurement) -> float | None:
         """Memory bandwidth, bytes/s, for the roofline: a known GPU's, or the CPU's measured copy rate."""
-        from .flops import known_bandwidth
+        from bench_core.timing.flops import known_bandwidth
 
         if m.device == "cuda":
             return known_bandwidth(self.environment.get("gpu_name"))
@@ -235,7 +236,7 @@ class BenchSession:
     def peak_flops(self, m: Measurement) -> float | None:
         """The peak FLOP/s that utilization is a share of: the user's, a known GPU's for the scenario's dtype,
         or on the CPU (float32) the matmul peak measured here."""
-        from .flops import known_peak
+        from bench_core.timing.flops import known_peak
 
         if self.config.peak_tflops is not None:
             return self.config.peak_tflops * 1e12
@@ -255,7 +256,7 @@ class BenchSession:
         rank, and gate the maximum over ranks like any result. The command line's topology beats `nproc`.
         With `scaling`, the same step also runs at world size 1, for the weak-scaling efficiency.
         A fresh launch is a fresh set of processes, so the gate replicates by launching again."""
-        from .distributed import Topology, measurement_from, run_ranks
+        from bench_core.workflows.distributed.launch import Topology, measurement_from, run_ranks
 
         topology = self.config.topology or Topology(nproc)
         w, r = self.counts(warmup, repeats)
@@ -291,7 +292,7 @@ class BenchSession:
         counts; checked before any process starts (a failure is recorded against `name`)."""
         import sys
 
-        from .distributed import builder_location, preflight
+        from bench_core.workflows.distributed.launch import builder_location, preflight
 
         try:
             backend = preflight(name, topology, self.config.device)
@@ -310,10 +311,10 @@ class BenchSession:
         ranks' traces say together (communication not overlapped, a rank the others wait for) in a file beside."""
         from dataclasses import asdict
 
-        from .diagnose import ProfileResult
-        from .distributed import run_ranks
-        from .redact import redact
-        from .trace_analysis import Hypothesis, TraceFacts, rank_hypotheses
+        from bench_core.workflows.diagnose.profile import ProfileResult
+        from bench_core.workflows.distributed.launch import run_ranks
+        from bench_core.core.redact import redact
+        from bench_core.workflows.diagnose.trace_analysis import Hypothesis, TraceFacts, rank_hypotheses
 
         cfg = asdict(self.config.profile)
         cfg["folder"] = str(Path(cfg["folder"]).resolve())
@@ -343,8 +344,8 @@ class BenchSession:
 
         16 rounds x 16 pairs: on 2 gloo ranks here (a 12 ms step) 8 x 4 found a 10% costlier step 3 times in 12
         and 16 x 16 every time in 6, with no false call in 26 A/A (benchmarks/distributed_quality.py)."""
-        from .distributed import Topology, ab_result, run_ranks
-        from .interleaved import source_identity
+        from bench_core.workflows.distributed.launch import Topology, ab_result, run_ranks
+        from bench_core.workflows.ab import source_identity
 
         topology = self.config.topology or Topology(nproc)
         if self.config.quick:
@@ -369,14 +370,14 @@ class BenchSession:
     # -- side by side with another revision -------------------------------------------------------
     def open_revision(self, root: Path) -> None:
         """Extract --bench-against's revision and make it importable beside the current code."""
-        from .revisions import LoadedRevision
+        from bench_core.workflows.side_by_side.revisions import LoadedRevision
 
         self.revision = LoadedRevision(root, self.config.against.rev)
 
     def worker_pool(self):
         """The worker processes of this session's worker-mode comparisons, kept from scenario to scenario."""
         if self._workers is None:
-            from .worker import WorkerPool
+            from bench_core.workflows.worker import WorkerPool
 
             self._workers = WorkerPool(self.config.timeout_s or 600.0)
         return self._workers
@@ -395,9 +396,9 @@ class BenchSession:
         side by side in this process; returns the current side's result and the decision. The revision
         failing leaves the current side measured on its own, with the reason kept; the current side failing
         fails the scenario."""
-        from .backends import backend_for
-        from .sampling import Sampler
-        from .sidebyside import run_rounds
+        from bench_core.timing.backends import backend_for
+        from bench_core.timing.sampling import Sampler
+        from bench_core.timing.protocol import run_rounds
 
         a = self.config.against
         looks, pairs = a.looks(self.config.quick), a.quick_pairs if self.config.quick else a.pairs
@@ -420,9 +421,9 @@ class BenchSession:
         keeps a bias of its own, so the pair of processes is the unit of evidence: the interval is wider,
         and says so. The pairs are the session's pool, kept from scenario to scenario. The current side's
         result is a plain measurement of `live`, here."""
-        from .backends import CpuBackend
-        from .sampling import Sampler
-        from .sidebyside import run_processes
+        from bench_core.timing.backends import CpuBackend
+        from bench_core.timing.sampling import Sampler
+        from bench_core.timing.protocol import run_processes
 
         a = self.config.against
         k, rounds = (a.quick_processes, 1) if self.config.quick else (a.processes, a.process_rounds)
@@ -445,9 +446,10 @@ class BenchSession:
                                                          f"process)", items, proof, None, None)
 
     def _side_by_side(self, scenario, live, sides, method, items, proof, clock, backend, looks=()):
-        from .records import ColdStart, Memory
-        from .sampling import set_threads
-        from .sidebyside import SideError, estimate_rounds
+        from bench_core.core.records import ColdStart, Memory
+        from bench_core.timing.sampling import set_threads
+        from bench_core.deciding.rounds import estimate_rounds
+        from bench_core.timing.protocol import SideError
 
         a, dev = self.config.against, self.config.device
         scenario = scenario.with_metadata(device=dev)
@@ -584,7 +586,7 @@ class BenchSession:
         With `rounds`, `baseline` and `candidate` are factories of steps and every round builds both anew
         (`interleaved.ab_rounds`): the interval then covers what each instance's allocations add.
         """
-        from .interleaved import ab, ab_rounds
+        from bench_core.workflows.ab import ab, ab_rounds
 
         if rounds is not None:
             if self.config.quick:
@@ -603,7 +605,7 @@ class BenchSession:
             self.errors.append((name, exc.problem))
             raise
         if self.config.count_flops:  # after the A/B, profiler-free: one more step of each side, counted
-            from .flops import count
+            from bench_core.timing.flops import count
 
             counted = {}
             for side, fn in (("baseline", baseline), ("candidate", candidate)):
@@ -618,7 +620,7 @@ class BenchSession:
     def reference(self, name: str, variant, state, model, optimizer=None, *, steps: int = 3, tolerance=None):
         """Record reference NAME (when saving references; returns None) or check `variant` against it
         (returns the report). A missing reference is a StorageError whose problem starts "no reference"."""
-        from .correctness import check_reference, save_reference
+        from bench_core.workflows.validation.correctness import check_reference, save_reference
 
         path = self.config.references_dir / f"{name}.pt"
         if self.config.save_references:
@@ -631,8 +633,8 @@ class BenchSession:
     # -- reporting -------------------------------------------------------------------------------
     def summary_sections(self) -> list[tuple[str, str]]:
         """The end-of-session report as (title, text) sections, in reading order."""
-        from .report import comparison_table, decisions_table, below, resource_table, session_table, work_table
-        from .trace_analysis import hypotheses_table
+        from bench_core.output.tables import comparison_table, decisions_table, below, resource_table, session_table, work_table
+        from bench_core.workflows.diagnose.trace_analysis import hypotheses_table
 
         if not self.results and not self.errors and not self.decisions:
             return []
@@ -640,7 +642,7 @@ class BenchSession:
         out = [("bench_core results", session_table(self.results, self.errors, wide=wide))] \
             if self.results or self.errors else []   # a session of A/B decisions only has no results table
         if any(m.ranks is not None for m in self.results):
-            from .report import ranks_table
+            from bench_core.output.tables import ranks_table
 
             out.append(("bench_core distributed scenarios (every rank)", ranks_table(self.results, wide=wide)))
         if self.config.count_flops and self.results:
@@ -684,7 +686,7 @@ class BenchSession:
         """Text for the terminal: in a diagnose session, whose report may be shared, with secrets redacted."""
         if self.config.profile is None:
             return text
-        from .redact import redact
+        from bench_core.core.redact import redact
 
         return redact(text)[0]
 
@@ -713,7 +715,7 @@ class BenchSession:
                 attempt(lambda name=name, res=res: f"decision record for {name!r} written to "
                                                    f"{storage.write_decision(self.config.results_dir, res.to_dict(), name)}")
         if self.config.pb_json is not None:
-            from .timers import to_pytest_benchmark
+            from bench_core.files.pytest_benchmark import to_pytest_benchmark
 
             attempt(lambda: "pytest-benchmark JSON written to " + str(storage.write_pytest_benchmark(
                 self.config.pb_json, to_pytest_benchmark(self.results, self.environment, storage.now_iso()))))
@@ -746,14 +748,14 @@ class BenchSession:
         return out
 
     def _write_plots(self) -> str:
-        from .plots import png
+        from bench_core.output.plots import png
 
         written = [storage.write_plot(self.config.plots, self.shown(name), png(self.shown(title), groups))
                    for name, title, groups in self.plot_groups() if all(len(g) for _, g in groups)]
         return f"{len(written)} distribution plot(s) written to {self.config.plots}"
 
     def _write_markdown(self) -> str:
-        from .report import comparison_notes, markdown
+        from bench_core.output.tables import comparison_notes, markdown
 
         notes = [f"{n}: {t}" for n, t in self.one_side]
         notes += sorted({c.method for c in self.comparisons if c.method})

@@ -30,7 +30,7 @@ from against_quality import WORK_V1  # noqa: E402 - the workloads, one source fo
 # (the workload of this script's earlier figures).
 WORKER = WORK_V1 + r"""
 import json, sys
-from bench_core.interleaved import ab, ab_rounds
+from bench_core.workflows.ab import ab, ab_rounds
 torch.set_num_threads(1)
 workload, mode, calls_a, calls_b, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     from tabulate import tabulate
 
-    from bench_core import storage
+    from bench_core.files import storage
 
     results = {"A/B": [], "A/A": []}
     for i in range(max(ns.ab_trials, ns.aa_trials)):  # alternate, so both see the same machine

@@ -34,7 +34,7 @@ import numpy as np
 from scipy import stats as st
 from tabulate import tabulate
 
-from bench_core import storage
+from bench_core.files import storage
 
 WORK_V1 = '''
 import torch

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_distributed import _mlp_shard, _mlp_sizes  # noqa: E402 - the library scenario's own sizes and data
 
 from bench_core import Scenario  # noqa: E402
-from bench_core.rank import RankStep, ddp_training  # noqa: E402
+from bench_core.workflows.distributed.rank_program import RankStep, ddp_training  # noqa: E402
 
 
 def wasteful_mlp(ctx) -> RankStep:
@@ -52,9 +52,9 @@ def wasteful_mlp(ctx) -> RankStep:
 
 
 def main() -> None:
-    from bench_core import storage
-    from bench_core.environment import fingerprint
-    from bench_core.ranks import straggler
+    from bench_core.files import storage
+    from bench_core.files.machine import fingerprint
+    from bench_core.core.ranks import straggler
     from bench_core.session import BenchSession, SessionConfig
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -31,8 +31,9 @@ from pathlib import Path
 
 WORKER = r"""
 import sys, torch
-from bench_core import Scenario, measure, storage
-from bench_core.environment import fingerprint
+from bench_core import Scenario, measure
+from bench_core.files import storage
+from bench_core.files.machine import fingerprint
 from bench_core.session import DEFAULT_WARMUP, DEFAULT_REPEATS
 torch.manual_seed(0)
 factor, out = float(sys.argv[1]), sys.argv[2]
@@ -74,7 +75,9 @@ def run_processes(n: int, slowdown: float, folder: Path) -> None:
 def rates(runs_a, runs_b, k: int, trials: int, seed: int, config, fixed: int | None) -> dict:
     """Runs are lists of {scenario: Measurement}, one per process. `fixed`: that many candidate runs and
     no replication; None: the gate's own protocol, drawing fresh processes from the pool."""
-    from bench_core.compare import SLOWER, decide_family, estimate, noise_prior, replicate_until_decided
+    from bench_core.deciding.gate import decide_family, estimate, noise_prior
+    from bench_core.deciding.verdicts import SLOWER
+    from bench_core.deciding.sequential import replicate_until_decided
 
     rng = random.Random(seed)
     names = sorted(runs_a[0])
@@ -137,8 +140,8 @@ def main(argv=None) -> int:
     import numpy as np
     from tabulate import tabulate
 
-    from bench_core import storage
-    from bench_core.compare import GateConfig
+    from bench_core.files import storage
+    from bench_core.deciding.gate import GateConfig
 
     if ns.runs < ns.baseline_runs + GateConfig().max_runs:
         ap.error(f"--runs must be at least --baseline-runs + {GateConfig().max_runs} (a baseline and a candidate's "

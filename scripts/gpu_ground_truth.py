@@ -99,7 +99,7 @@ def state(out: Path) -> None:
 
 def trace(out: Path) -> None:
     """One real CUDA trace, kept as a fixture for the CPU tests of the trace rules."""
-    from bench_core.diagnose import ProfileConfig, profile
+    from bench_core.workflows.diagnose.profile import ProfileConfig, profile
 
     x = torch.randn(1024, 1024, device="cuda")
     res = profile("gpu_fixture", lambda: (x @ x).relu(), ProfileConfig(folder=out / "prof", device="cuda"))

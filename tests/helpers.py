@@ -29,7 +29,7 @@ def orphaned_workers() -> list[int]:
     import os
     import subprocess
 
-    out = subprocess.run(["pgrep", "-af", "bench_core.worker --parent"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-af", "bench_core.workflows.worker --parent"], capture_output=True, text=True).stdout
     orphans = []
     for line in out.splitlines():
         pid, *args = line.split()

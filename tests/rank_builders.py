@@ -9,7 +9,7 @@ import time
 import torch
 from torch import nn
 
-from bench_core.rank import RankStep, ddp_training
+from bench_core.workflows.distributed.rank_program import RankStep, ddp_training
 
 
 def _mlp(ctx):

@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 
 from bench_core import ScenarioError
-from bench_core.interleaved import FASTER, NO_DIFFERENCE, REJECTED, SLOWER, ab, paired_decision, source_identity
-from bench_core.backends import CudaBackend
+from bench_core.deciding.paired import paired_decision
+from bench_core.deciding.verdicts import FASTER, NO_DIFFERENCE, REJECTED, SLOWER
+from bench_core.workflows.ab import ab, source_identity
+from bench_core.timing.backends import CudaBackend
 from fakes import FakeClock, FakeGPU
 
 
@@ -129,8 +131,8 @@ def test_paired_decision_refuses_unpaired_input():
 def test_identity_of_bound_variants_names_step_and_optimizer():
     import torch
 
-    from bench_core.state import StartingState
-    from bench_core.correctness import Variant, bind
+    from bench_core.workflows.validation.state import StartingState
+    from bench_core.workflows.validation.correctness import Variant, bind
 
     def step(model, opt, batch):
         opt.zero_grad()
@@ -160,7 +162,7 @@ def _biased_factory(clock, ms, rng, sd):
 
 
 def test_plain_ab_mistakes_two_instances_for_two_programs_and_ab_rounds_does_not():
-    from bench_core.interleaved import ab_rounds
+    from bench_core.workflows.ab import ab_rounds
 
     rng = np.random.default_rng(7)
     clock = FakeClock()
@@ -178,7 +180,7 @@ def test_plain_ab_mistakes_two_instances_for_two_programs_and_ab_rounds_does_not
 
 
 def test_ab_rounds_detects_a_real_five_percent_through_small_instance_bias():
-    from bench_core.interleaved import ab_rounds
+    from bench_core.workflows.ab import ab_rounds
 
     rng = np.random.default_rng(8)
     clock = FakeClock()
@@ -188,7 +190,7 @@ def test_ab_rounds_detects_a_real_five_percent_through_small_instance_bias():
 
 
 def test_ab_rounds_names_what_ran_and_refuses_non_factories():
-    from bench_core.interleaved import ab_rounds
+    from bench_core.workflows.ab import ab_rounds
 
     clock = FakeClock()
 
@@ -204,7 +206,7 @@ def test_ab_rounds_names_what_ran_and_refuses_non_factories():
 
 
 def test_ab_tables_have_their_headers_over_their_columns_and_say_which_way_speedup_points():
-    from bench_core.report import decisions_table
+    from bench_core.output.tables import decisions_table
 
     clock = FakeClock()
     r = ab(lambda: clock.advance_ms(2), lambda: clock.advance_ms(1), clock=clock, repeats=6, warmup=0)
@@ -216,7 +218,8 @@ def test_ab_tables_have_their_headers_over_their_columns_and_say_which_way_speed
 
 
 def test_a_speedup_without_an_interval_is_shown_as_not_observed():
-    from bench_core.interleaved import NO_DIFFERENCE, ABResult
+    from bench_core.deciding.verdicts import NO_DIFFERENCE
+    from bench_core.workflows.ab import ABResult
 
     r = ABResult(NO_DIFFERENCE, "every round gave the same ratio", 1.25, None, None, None)
     assert r.speedup_text == "1.250x [n/o]" and "1.250x [n/o]" in r.table()

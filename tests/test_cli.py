@@ -2,8 +2,8 @@ import json
 import subprocess
 import sys
 
-from bench_core import storage
-from bench_core.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_REGRESSED, main
+from bench_core.files import storage
+from bench_core.shells.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_REGRESSED, main
 from helpers import ENV, runs
 
 

@@ -3,8 +3,8 @@ import math
 import pytest
 from scipy import stats as st
 
-from bench_core.compare import (FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED, GateConfig,
-                                compare_runs, compare_sets, decide_family, estimate)
+from bench_core.deciding.gate import GateConfig, compare_runs, compare_sets, decide_family, estimate
+from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED
 from helpers import ENV, meas, runs
 
 
@@ -133,7 +133,7 @@ def test_gate_config_refuses_nonsense():
 
 
 def test_one_process_cannot_say_slower_but_fresh_processes_can():
-    from bench_core.compare import worth_replicating
+    from bench_core.deciding.sequential import worth_replicating
 
     base = runs([10, 10.1, 9.9, 10.05, 9.95], seed=1)
     slow_process = runs([13.0], seed=3)
@@ -153,8 +153,8 @@ def test_one_process_cannot_say_slower_but_fresh_processes_can():
 def test_each_side_keeps_its_own_spread_so_disagreeing_candidate_processes_widen_their_interval():
     import numpy as np
 
-    from bench_core.compare import decide_family, estimate_logs, welch_df
-    from bench_core.stats import VariancePrior
+    from bench_core.deciding.gate import decide_family, estimate_logs, welch_df
+    from bench_core.core.stats import VariancePrior
 
     prior = VariancePrior(0.04 ** 2, 8, "fitted for the test")      # the machine: 4% run to run, worth 8 runs
     base = np.log([10.0, 10.02, 9.98, 10.01, 9.99, 10.0, 10.03, 9.97, 10.0, 10.01])   # ten runs that agree
@@ -190,8 +190,9 @@ def test_each_side_keeps_its_own_spread_so_disagreeing_candidate_processes_widen
 def test_one_candidate_run_spreads_like_its_baseline_even_when_the_machines_prior_is_worth_almost_nothing():
     import numpy as np
 
-    from bench_core.compare import decide_family, estimate_logs, possible_slowdown
-    from bench_core.stats import VariancePrior
+    from bench_core.deciding.gate import decide_family, estimate_logs
+    from bench_core.deciding.sequential import possible_slowdown
+    from bench_core.core.stats import VariancePrior
 
     weak = VariancePrior(0.01 ** 2, 0.5, "fitted from scenarios of very different spreads")   # measured: 0.48 df
     base = np.log([10.0, 10.5, 9.6, 10.2, 9.9])
@@ -206,7 +207,7 @@ def test_one_candidate_run_spreads_like_its_baseline_even_when_the_machines_prio
 
 
 def test_a_change_inside_the_guard_against_an_unlucky_baseline_is_not_declared():
-    from bench_core.stats import VariancePrior
+    from bench_core.core.stats import VariancePrior
 
     known = VariancePrior(0.02 ** 2, math.inf, "known for the test")   # tau = 2%, exactly
     base = [meas([10.0] * 20) for _ in range(3)]
@@ -221,7 +222,7 @@ def test_a_change_inside_the_guard_against_an_unlucky_baseline_is_not_declared()
 
 
 def test_unchanged_is_an_equivalence_test_at_the_decided_level():
-    from bench_core.stats import VariancePrior
+    from bench_core.core.stats import VariancePrior
 
     base = [meas([10.0] * 20) for _ in range(5)]
     cand = [meas([10.2] * 20) for _ in range(3)]
@@ -238,7 +239,7 @@ def test_unchanged_is_an_equivalence_test_at_the_decided_level():
 
 
 def test_the_prior_comes_from_the_baselines_history_and_gives_a_quiet_runner_its_power():
-    from bench_core.compare import noise_prior
+    from bench_core.deciding.gate import noise_prior
 
     rng = __import__("numpy").random.default_rng(7)
     # a quiet runner: 8 scenarios x 6 runs with a 1% run-to-run spread
@@ -292,7 +293,7 @@ def test_on_the_cpu_another_thread_count_or_processor_is_incomparable():
 
 
 def test_the_comparison_table_says_shared_advice_once():
-    from bench_core.report import comparison_table
+    from bench_core.output.tables import comparison_table
 
     out = comparison_table(compare_sets({"a": runs([10]), "b": runs([5])},
                                         {"a": runs([10.3], seed=5), "b": runs([5.1], seed=6)}), 0.01)
@@ -302,7 +303,7 @@ def test_the_comparison_table_says_shared_advice_once():
 
 
 def test_a_baseline_too_small_or_recorded_in_one_sitting_is_named():
-    from bench_core.compare import baseline_warnings
+    from bench_core.deciding.gate import baseline_warnings
 
     assert "holds 2 run(s)" in baseline_warnings("main", ["2026-12-01T10:00:00+00:00", "2026-12-01T18:00:00+00:00"])[0]
     same_hour = [f"2026-12-01T10:{m:02d}:00+00:00" for m in (0, 10, 20, 30)]
@@ -313,7 +314,7 @@ def test_a_baseline_too_small_or_recorded_in_one_sitting_is_named():
 
 
 def test_the_table_shows_the_baselines_own_run_to_run_spread():
-    from bench_core.report import comparison_table
+    from bench_core.output.tables import comparison_table
 
     base = runs([10, 10.5, 9.5, 10.2, 9.8], seed=1)
     c = compare_runs("s", base, runs([10.1, 10.0, 9.9], seed=2))

@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
-from bench_core.redact import describe, redact
-from bench_core.trace_analysis import analyze, facts, hypotheses_table, self_times, top_level
+from bench_core.core.redact import describe, redact
+from bench_core.workflows.diagnose.trace_analysis import analyze, facts, hypotheses_table, self_times, top_level
 
 
 def X(name, ts, dur, cat="cpu_op", tid=1, **args):
@@ -174,7 +174,7 @@ def test_profile_pass_writes_a_redacted_trace_and_keeps_results_clean(pytester):
     assert len(doc["results"][0]["host_ms"]) == 3          # the profiled steps never became samples
     assert "profile" not in json.dumps(doc).lower()
     # a second pass never overwrites the first trace (the writer a pass uses, called as a second pass would)
-    from bench_core import storage
+    from bench_core.files import storage
 
     again = storage.write_trace(pytester.path / "prof", "p", {"traceEvents": []})
     storage.write_hypotheses(again, {"scenario": "p"})
@@ -186,9 +186,9 @@ def test_profile_pass_writes_a_redacted_trace_and_keeps_results_clean(pytester):
 def test_gpu_profiling_without_cuda_activity_is_refused(pytester, monkeypatch):
     import torch
 
-    import bench_core.devices
+    import bench_core.timing.devices
 
-    monkeypatch.setattr(bench_core.devices, "cuda_available", lambda: True)
+    monkeypatch.setattr(bench_core.timing.devices, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.profiler, "supported_activities", lambda: {torch.profiler.ProfilerActivity.CPU})
     pytester.makepyfile(test_p=PROFILED)
     res = pytester.runpytest("--gpu", "--bench-profile", "prof")
@@ -197,7 +197,7 @@ def test_gpu_profiling_without_cuda_activity_is_refused(pytester, monkeypatch):
 
 
 def test_stage_is_inert_outside_the_profile_pass():
-    from bench_core.diagnose import _ACTIVE, stage
+    from bench_core.workflows.diagnose.profile import _ACTIVE, stage
 
     assert not _ACTIVE["on"]
     with stage("forward") as s:
@@ -308,7 +308,7 @@ def _x(name, ts, dur, tid, cat="cpu_op"):
 
 
 def test_collective_time_and_its_overlap_with_computation_on_the_cpu():
-    from bench_core.trace_analysis import facts
+    from bench_core.workflows.diagnose.trace_analysis import facts
 
     ev = [_x("ProfilerStep#1", 0, 1000, 1, "user_annotation"), _x("aten::mm", 0, 400, 1),
           _x("gloo:all_reduce", 300, 400, 7, "user_annotation"),     # on gloo's own thread
@@ -318,7 +318,7 @@ def test_collective_time_and_its_overlap_with_computation_on_the_cpu():
 
 
 def test_collective_time_on_the_gpu_is_nccl_kernels_beside_other_kernels():
-    from bench_core.trace_analysis import facts
+    from bench_core.workflows.diagnose.trace_analysis import facts
 
     ev = [_x("ProfilerStep#1", 0, 1000, 1, "user_annotation"),
           _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 300, 400, 8, "kernel"), _x("sgemm_128x64", 0, 400, 7, "kernel")]
@@ -328,7 +328,7 @@ def test_collective_time_on_the_gpu_is_nccl_kernels_beside_other_kernels():
 
 
 def test_the_ranks_traces_together_say_communication_is_exposed_and_who_waits():
-    from bench_core.trace_analysis import TraceFacts, rank_hypotheses
+    from bench_core.workflows.diagnose.trace_analysis import TraceFacts, rank_hypotheses
 
     def f(comm, overlap):
         return TraceFacts(3, 10000.0, False, None, {}, (), comm, overlap)

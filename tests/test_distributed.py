@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 
 from bench_core import InvalidRecord, Scenario, ScenarioError
-from bench_core.distributed import (Topology, builder_location, launch_command, measurement_from, preflight,
+from bench_core.workflows.distributed.launch import (Topology, builder_location, launch_command, measurement_from, preflight,
                                     run_ranks, samples_from)
-from bench_core.ranks import (RankSamples, exposure, max_over_ranks, problems, rank_rows, scaling_efficiency,
+from bench_core.core.ranks import (RankSamples, exposure, max_over_ranks, problems, rank_rows, scaling_efficiency,
                               straggler)
-from bench_core.report import ranks_table
-from bench_core.storage import measurement_doc, measurement_from_doc
+from bench_core.output.tables import ranks_table
+from bench_core.files.storage import measurement_doc, measurement_from_doc
 
 HERE = Path(__file__).parent
 BUILDERS = str(HERE / "rank_builders.py")
@@ -180,7 +180,7 @@ def test_topology_refuses_what_cannot_be_placed():
 def test_launch_command_uses_torchs_launcher_and_hosts_the_rendezvous_on_node_0():
     one = launch_command(Topology(2), Path("/s.json"), "id")
     assert one[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node"] and "--standalone" in one
-    assert one[-3:] == ["-m", "bench_core.rank", "/s.json"]
+    assert one[-3:] == ["-m", "bench_core.workflows.distributed.rank_program", "/s.json"]
     two = launch_command(Topology(1, 2, 1, "h:29400"), Path("/s.json"), "id")
     assert "--standalone" not in two and "is_host=false" in two and two[two.index("--rdzv-endpoint") + 1] == "h:29400"
     assert "is_host=true" in launch_command(Topology(1, 2, 0, "h:29400"), Path("/s.json"), "id")
@@ -204,7 +204,7 @@ def test_builder_must_be_importable_by_every_rank():
 
 # -- real launches: gloo, world size 2 -----------------------------------------------------------------------
 def _rank_pids() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "-m bench_core.rank"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", "-m bench_core.workflows.distributed.rank_program"], capture_output=True, text=True).stdout
     return {int(p) for p in out.split()}
 
 
@@ -326,8 +326,8 @@ def _ab_doc(speed=0.8, start=0.0, end=0.0, ok=True, rounds=6, pairs=4, built=({"
 
 
 def test_distributed_ab_decides_on_the_slowest_rank_over_rounds():
-    from bench_core.distributed import ab_result
-    from bench_core.interleaved import FASTER, NO_DIFFERENCE
+    from bench_core.workflows.distributed.launch import ab_result
+    from bench_core.deciding.verdicts import FASTER, NO_DIFFERENCE
 
     res = ab_result(_ab_doc(0.8), alpha=0.01, min_effect=0.01, params={}, identities={}, environment={})
     assert res.verdict == FASTER and res.speedup == pytest.approx(1.25, rel=0.02) and res.ci_low > 1.2
@@ -338,7 +338,7 @@ def test_distributed_ab_decides_on_the_slowest_rank_over_rounds():
 
 
 def test_a_candidate_that_ran_with_the_baselines_settings_is_said_beside_its_verdict():
-    from bench_core.distributed import ab_result
+    from bench_core.workflows.distributed.launch import ab_result
 
     same = {"bucket_cap_mb": 25.0}
     ids = {"baseline": {"params": {"bucket_cap_mb": 25}}, "candidate": {"params": {"bucket_cap_mb": 1}}}
@@ -349,8 +349,8 @@ def test_a_candidate_that_ran_with_the_baselines_settings_is_said_beside_its_ver
 
 
 def test_distributed_ab_rejects_a_candidate_that_starts_elsewhere_or_ends_different():
-    from bench_core.distributed import ab_result
-    from bench_core.interleaved import REJECTED
+    from bench_core.workflows.distributed.launch import ab_result
+    from bench_core.deciding.verdicts import REJECTED
 
     moved = ab_result(_ab_doc(0.5, start=0.1, ok=False), alpha=0.01, min_effect=0.01, params={}, identities={},
                       environment={})
@@ -364,7 +364,7 @@ def test_distributed_ab_rejects_a_candidate_that_starts_elsewhere_or_ends_differ
 # -- the gate on distributed scenarios: each launch faked, so the gate's protocol is exact ------------------------
 def _fake_launches(monkeypatch, levels, calls):
     """run_ranks replaced: the k-th launch's ranks step at levels[k] ms (rank 1 a little slower)."""
-    import bench_core.distributed as dist_mod
+    import bench_core.workflows.distributed.launch as dist_mod
 
     def fake(name, spec, topology, timeout_s, launch=0):
         level = levels[min(len(calls), len(levels) - 1)]
@@ -407,7 +407,7 @@ def test_a_slower_distributed_step_fails_the_gate_after_fresh_launches(tmp_path,
 
 
 def test_the_diagnose_pass_writes_one_trace_per_rank_and_says_who_waits(tmp_path, no_rank_left):
-    from bench_core.diagnose import ProfileConfig
+    from bench_core.workflows.diagnose.profile import ProfileConfig
     from bench_core.session import BenchSession, SessionConfig
     from helpers import ENV
 

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from bench_core import Scenario, measure
-from bench_core.compare import compare_runs
-from bench_core.flops import count, cpu_peak, known_peak
-from bench_core.report import work_table
+from bench_core.deciding.gate import compare_runs
+from bench_core.timing.flops import count, cpu_peak, known_peak
+from bench_core.output.tables import work_table
 from fakes import FakeClock, work
 from helpers import runs
 
@@ -98,7 +98,7 @@ def test_a_step_the_counter_cannot_run_is_not_counted_and_says_why_without_faili
 
 
 def test_the_roof_a_step_sits_under_and_the_cpus_measured_bandwidth():
-    from bench_core.flops import bound, cpu_bandwidth, known_bandwidth
+    from bench_core.timing.flops import bound, cpu_bandwidth, known_bandwidth
 
     # ridge = 1e12 FLOP/s / 1e11 B/s = 10 FLOP/byte
     assert bound(100, 5, 1e12, 1e11) == "compute" and bound(100, 50, 1e12, 1e11) == "memory"
@@ -136,7 +136,7 @@ def test_through_the_session_a_gated_candidate_doing_different_work_is_flagged_w
     _, c = s.run(Scenario("mm", ("compute",)), step(32, clock), clock=clock)
     assert any(f"baseline [{2 * 16 ** 3}] -> current [{2 * 32 ** 3}]" in n for n in c.notes)
     assert c.achieved_flops == pytest.approx((2 * 16 ** 3 / 2e-3, 2 * 32 ** 3 / 2e-3))
-    from bench_core.report import comparison_table
+    from bench_core.output.tables import comparison_table
 
     text = " ".join(comparison_table([c], 0.01, wide=True).split())
     assert "mm: achieved 4.1 MFLOP/s -> 32.8 MFLOP/s (+700.0%; counted FLOPs over the median step)" in text
@@ -146,7 +146,7 @@ def test_through_the_session_a_gated_candidate_doing_different_work_is_flagged_w
 
 
 def test_roofline_rules_name_a_step_far_below_the_roof_it_sits_under():
-    from bench_core.flops import roofline_hypotheses
+    from bench_core.workflows.diagnose.trace_analysis import roofline_hypotheses
 
     peak, bw = 1e12, 1e11                     # ridge at 10 FLOP/byte
     mm = {"flops": 2e9, "bytes": 1e7, "by_operator": {"aten.mm": 1.8e9, "aten.add": 2e8}}   # 200 FLOP/byte
@@ -166,7 +166,7 @@ def test_roofline_rules_name_a_step_far_below_the_roof_it_sits_under():
 def test_the_operator_with_most_flops_below_its_peak_is_named_from_the_profilers_figures():
     from types import SimpleNamespace as NS
 
-    from bench_core.diagnose import operator_below_peak
+    from bench_core.workflows.diagnose.profile import operator_below_peak
 
     avg = [NS(key="aten::mm", flops=4e9, count=3, cpu_time_total=20_000.0, device_time_total=1000.0),
            NS(key="aten::mul", flops=8e9, count=3, cpu_time_total=1e6, device_time_total=1e6),   # judged
@@ -180,7 +180,7 @@ def test_the_operator_with_most_flops_below_its_peak_is_named_from_the_profilers
 
 
 def test_an_ab_counts_both_sides_once_and_says_when_they_do_different_work():
-    from bench_core.report import decisions_table
+    from bench_core.output.tables import decisions_table
     from bench_core.session import BenchSession, SessionConfig
     from helpers import ENV
 
@@ -203,8 +203,8 @@ def test_an_ab_counts_both_sides_once_and_says_when_they_do_different_work():
 def test_a_rate_at_zero_ms_is_not_observed_never_a_division_by_zero():
     from types import SimpleNamespace as NS
 
-    from bench_core.report import work_lines
-    from bench_core.stats import per_second
+    from bench_core.output.tables import work_lines
+    from bench_core.core.stats import per_second
 
     assert per_second(10, 0.0) is None and per_second(10, 2.0) == 5000.0
     r = NS(flops={"baseline": 8, "candidate": 8}, baseline_ms=(0.0, 0.0), candidate_ms=(2.0, 2.0))

@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from bench_core import Scenario, measure
-from bench_core.compare import GateConfig
-from bench_core.sidebyside import Instance
-from bench_core.interleaved import ab, ab_rounds
+from bench_core.deciding.gate import GateConfig
+from bench_core.timing.protocol import Instance
+from bench_core.workflows.ab import ab, ab_rounds
 from bench_core.session import AgainstConfig, BenchSession, SessionConfig
 from fakes import FakeClock
 from helpers import ENV

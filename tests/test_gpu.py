@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench_core import StartingState, measure
-from bench_core.environment import fingerprint
+from bench_core.files.machine import fingerprint
 
 pytestmark = pytest.mark.gpu
 
@@ -36,7 +36,7 @@ def test_fingerprint_sees_the_gpu():
 
 
 def test_cuda_event_clock_with_pytest_benchmark_runner():
-    from bench_core.timers import cuda_event_clock
+    from bench_core.files.pytest_benchmark import cuda_event_clock
 
     a = torch.randn(1024, 1024, device="cuda")
     start = cuda_event_clock()
@@ -64,7 +64,7 @@ def test_state_restores_cuda_rng_and_moves_devices(tmp_path):
 
 
 def test_profiler_collects_cuda_activity(tmp_path):
-    from bench_core.diagnose import ProfileConfig, profile
+    from bench_core.workflows.diagnose.profile import ProfileConfig, profile
 
     a = torch.randn(1024, 1024, device="cuda")
     res = profile("mm", lambda: a @ a, ProfileConfig(folder=tmp_path, device="cuda"))

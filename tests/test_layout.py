@@ -1,6 +1,9 @@
-"""The package's shape, checked: no private names across modules, no import cycles, a true module map."""
+"""The package's shape, checked: layers import only downwards, the core and the deciding layer need no torch, no
+private names across modules, no import cycles, no names taken from a package's front door, a true module map."""
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,32 +11,98 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "bench_core"
 
+# What each layer may import from bench_core, deferred imports included. A layer always may import itself.
+ALLOWED = {
+    "core": set(),
+    "timing": {"core"},
+    "deciding": {"core"},
+    "files": {"core"},
+    "output": {"core", "deciding", "timing"},
+    "workflows": {"core", "timing", "deciding", "files", "output"},
+    "session": {"core", "timing", "deciding", "files", "output", "workflows"},
+    "shells": {"core", "timing", "deciding", "files", "output", "workflows", "session"},
+}
+
+
+def _name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
 
 def _modules() -> dict[str, ast.Module]:
-    return {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(PKG.glob("*.py"))}
+    return {_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(PKG.rglob("*.py"))}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
 
 
 def _imports(tree: ast.Module, top_level_only: bool):
-    """(imported bench_core module, names taken from it) for every import in the module."""
+    """(imported bench_core module, names taken from it) for every import of bench_core in the module."""
     nodes = tree.body if top_level_only else list(ast.walk(tree))
+    mods = _modules.cache
     for node in nodes:
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1 and node.module:
-                yield node.module.split(".")[0], [a.name for a in node.names]
-            elif node.level == 1:  # from . import storage
-                for a in node.names:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"relative import at line {node.lineno}: bench_core imports absolutely")
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "bench_core":
+            for a in node.names:   # `from bench_core.files import storage` takes a module
+                sub = f"{node.module}.{a.name}"
+                yield (sub, []) if sub in mods else (node.module, [a.name])
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "bench_core":
                     yield a.name, []
-            elif node.module and node.module.startswith("bench_core."):
-                yield node.module.split(".")[1], [a.name for a in node.names]
-            elif node.module == "bench_core":
-                for a in node.names:
-                    if (PKG / f"{a.name}.py").exists():
-                        yield a.name, []
+
+
+_modules.cache = _modules()
+MODULES = _modules.cache
+
+
+def _torch_imports(tree: ast.Module) -> list[int]:
+    out = []
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        out += [node.lineno for n in names if n.split(".")[0] == "torch"]
+    return out
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    offenders = []
+    for mod, tree in MODULES.items():
+        layer = _layer(mod)
+        if layer in (None, "__main__"):   # the front door and `python -m bench_core`
+            continue
+        assert layer in ALLOWED, f"{mod}: a layer the layout does not know ({layer}); add it to ALLOWED and the map"
+        for src, _ in _imports(tree, top_level_only=False):
+            theirs = _layer(src)
+            if theirs is not None and theirs != layer and theirs not in ALLOWED[layer]:
+                offenders.append(f"{mod} ({layer}) imports {src} ({theirs})")
+    assert not offenders, offenders
+
+
+def test_the_core_and_the_deciding_layer_never_import_torch():
+    offenders = [f"{mod}: line {line}" for mod, tree in MODULES.items() if _layer(mod) in ("core", "deciding")
+                 for line in _torch_imports(tree)]
+    assert not offenders, offenders
+
+
+def test_nothing_takes_a_name_from_a_package_front_door():
+    """A module that imports a name from `bench_core` (or a subpackage's `__init__`) runs that `__init__`
+    midway through its own import: the road to a cycle. Subpackage front doors hold no code at all."""
+    packages = {m for m in MODULES if (PKG.parent / m.replace(".", "/") / "__init__.py").exists()}
+    offenders = [f"{mod} takes {names} from {src}" for mod, tree in MODULES.items()
+                 for src, names in _imports(tree, top_level_only=False) if src in packages and names]
+    assert not offenders, offenders
+    busy = [m for m in packages if m != "bench_core" and any(
+        not isinstance(n, ast.Expr) for n in MODULES[m].body)]
+    assert not busy, f"subpackage __init__ files hold only a docstring: {busy}"
 
 
 def test_no_module_imports_a_private_name_from_another():
     offenders = [f"{mod} imports {name} from {src}"
-                 for mod, tree in _modules().items()
+                 for mod, tree in MODULES.items()
                  for src, names in _imports(tree, top_level_only=False)
                  for name in names if name.startswith("_") and not name.startswith("__")]
     assert not offenders, offenders
@@ -41,10 +110,8 @@ def test_no_module_imports_a_private_name_from_another():
 
 @pytest.mark.parametrize("top_level_only", [True, False], ids=["module-level", "including-deferred"])
 def test_import_graph_has_no_cycles(top_level_only):
-    mods = _modules()
-    graph = {m: {src for src, _ in _imports(t, top_level_only) if src in mods and src != m}
-             for m, t in mods.items()}
-    graph["__init__"] = set()  # the package's front door imports everything; nothing real goes through it
+    graph = {m: {src for src, _ in _imports(t, top_level_only) if src in MODULES and src != m}
+             for m, t in MODULES.items()}
     state: dict[str, int] = {}
     cycle: list[str] = []
 
@@ -65,9 +132,52 @@ def test_import_graph_has_no_cycles(top_level_only):
     assert not cycle, " -> ".join(cycle)
 
 
-def test_readme_module_map_matches_the_tree():
-    text = (ROOT / "README.md").read_text()
+NO_TORCH = """
+import importlib, sys
+if sys.argv[1] == "blocked":
+    sys.modules["torch"] = None          # any `import torch` now raises ImportError
+else:                                    # as if torch were not installed at all
+    class NoTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "torch":
+                raise ModuleNotFoundError(f"No module named {{name!r}}")
+    sys.meta_path.insert(0, NoTorch())
+import bench_core
+for name in sys.argv[2:]:
+    importlib.import_module(name)
+if sys.argv[1] == "missing":
+    from bench_core.shells.cli import main
+    sys.exit(main(["compare", "{base}", "{new}", "--min-runs", "1"]))
+"""
+
+
+@pytest.mark.parametrize("how", ["blocked", "missing"])
+def test_the_pure_layers_and_the_file_gate_work_without_torch(tmp_path, how):
+    """Blocked (`sys.modules["torch"] = None`): every pure module imports. Missing (not installed): the JSON-only
+    `bench-core compare` also decides; scipy, which the statistics call, looks at a blocked torch and fails."""
+    from helpers import meas
+    from bench_core.files import storage
+
+    for run in range(5):   # a baseline of five runs, 1% apart; the new session is twice as slow
+        storage.save_baseline(tmp_path, "main", [meas([2.0 + 0.02 * run, 2.1, 2.05] * 4, name="s")], {"device": "cpu"},
+                              append=run > 0)
+    base = tmp_path / "main.json"
+    new = storage.write_session(tmp_path / "n", [meas([4.0, 4.2, 4.1] * 4, name="s")], {"device": "cpu"})
+    pure = sorted(m for m in MODULES if _layer(m) in ("core", "deciding") or m in (
+        "bench_core.files.storage", "bench_core.output.tables", "bench_core.shells.cli"))
+    res = subprocess.run([sys.executable, "-c", NO_TORCH.format(base=base, new=new), how, *pure],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert "Error" not in res.stderr, res.stderr
+    if how == "blocked":
+        assert res.returncode == 0
+    else:
+        assert res.returncode == 1 and "slower" in res.stdout, (res.stdout, res.stderr)   # a 2x regression, said
+
+
+def test_the_module_map_matches_the_tree():
+    text = (ROOT / "docs" / "architecture.md").read_text()
     section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
-    listed = set(re.findall(r"^\| `(\w+)\.py` \|", section, re.MULTILINE))
-    on_disk = {p.stem for p in PKG.glob("*.py")}
+    listed = set(re.findall(r"^\| `([\w/]+\.py)` \|", section, re.MULTILINE))
+    on_disk = {str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p.name != "__init__.py" or p.parent == PKG}
     assert listed == on_disk, f"missing from the map: {on_disk - listed}; no such module: {listed - on_disk}"
+

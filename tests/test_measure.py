@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bench_core import Scenario, ScenarioError, measure
-from bench_core.backends import CudaBackend, backend_for
+from bench_core.timing.backends import CudaBackend, backend_for
 from fakes import FakeClock, FakeGPU, work
 
 
@@ -316,7 +316,7 @@ def test_block_mode_is_what_tells_a_non_blocking_pinned_copy_from_a_blocking_one
 
 
 def test_progress_is_said_between_samples_at_most_every_interval():
-    from bench_core.progress import Progress
+    from bench_core.output.progress import Progress
     from fakes import FakeClock, work
 
     lines, now = [], [0.0]

@@ -48,9 +48,9 @@ def test_session_table_json_and_per_test_properties(bt):
 
 
 def test_gpu_flag_without_cuda_stops_the_session(bt, monkeypatch):
-    import bench_core.devices
+    import bench_core.timing.devices
 
-    monkeypatch.setattr(bench_core.devices, "cuda_available", lambda: False)
+    monkeypatch.setattr(bench_core.timing.devices, "cuda_available", lambda: False)
     bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
     res = bt.runpytest("--gpu")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
@@ -75,12 +75,12 @@ def test_unmarked(bench):
 
 
 def test_gpu_session_with_fake_cuda_reports_both_figures(bt, monkeypatch):
-    import bench_core.devices
+    import bench_core.timing.devices
 
-    monkeypatch.setattr(bench_core.devices, "cuda_available", lambda: True)
+    monkeypatch.setattr(bench_core.timing.devices, "cuda_available", lambda: True)
     bt.makepyfile(test_k='''
 from bench_core import Scenario
-from bench_core.backends import CudaBackend
+from bench_core.timing.backends import CudaBackend
 from fakes import FakeClock, FakeGPU
 
 def test_kernel(bench):
@@ -475,9 +475,9 @@ def test_a_markdown_report_for_the_job_summary_says_the_verdicts_first_and_appen
 
 
 def test_long_scenarios_say_how_far_they_are_in_pytests_output(bt, monkeypatch):
-    import bench_core.progress
+    import bench_core.output.progress
 
-    monkeypatch.setattr(bench_core.progress, "EVERY_S", 0.0)    # every sample counts as "long" here
+    monkeypatch.setattr(bench_core.output.progress, "EVERY_S", 0.0)    # every sample counts as "long" here
     bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
     res = bt.runpytest("--bench-repeats", "4", "--bench-warmup", "1")   # output capture on, as usual
     res.assert_outcomes(passed=2)
@@ -523,8 +523,8 @@ def test_drift(bench):
 def _fake_rank_launches(monkeypatch):
     """The launcher replaced by what real ranks send back (tests/test_distributed.py launches them for real): the
     plugin's wiring is the subject here."""
-    import bench_core.distributed as dist_mod
-    from bench_core.errors import ScenarioError
+    import bench_core.workflows.distributed.launch as dist_mod
+    from bench_core.core.errors import ScenarioError
 
     def fake(name, spec, topology, timeout_s, launch=0):
         if spec["builder"] == "crashing":
@@ -584,9 +584,9 @@ def test_placing_ranks_on_several_hosts_needs_the_ranks_per_host_and_a_rendezvou
 def test_on_a_runner_with_fewer_gpus_a_scenarios_own_world_size_is_skipped_and_an_asked_one_fails(bt, monkeypatch):
     import torch
 
-    import bench_core.devices
+    import bench_core.timing.devices
 
-    monkeypatch.setattr(bench_core.devices, "cuda_available", lambda: True)      # one fake GPU, NCCL "present"
+    monkeypatch.setattr(bench_core.timing.devices, "cuda_available", lambda: True)      # one fake GPU, NCCL "present"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
     bt.makepyfile(test_d='''

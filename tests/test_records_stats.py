@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from bench_core import storage
+from bench_core.files import storage
 from bench_core import ColdStart, InvalidRecord, Measurement, Memory, Scenario
-from bench_core.stats import adjust_pvalues, bootstrap_median_ci, summarize
+from bench_core.core.stats import adjust_pvalues, bootstrap_median_ci, summarize
 
 
 def make(samples, name="s", **kw):
@@ -126,18 +126,18 @@ def test_scenario_metadata_is_frozen_and_round_trips():
 
 def test_writing_a_result_runs_no_bootstrap(monkeypatch):
     # derived figures are computed when shown, not on every write
-    import bench_core.stats
+    import bench_core.core.stats
 
     def boom(*a, **k):
         raise AssertionError("a bootstrap ran while serializing")
 
-    monkeypatch.setattr(bench_core.stats._st, "bootstrap", boom)
+    monkeypatch.setattr(bench_core.core.stats._st, "bootstrap", boom)
     d = storage.measurement_doc(make([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]))
     assert d["summary"]["median"] == 4.0 and "median_ci95" not in d["summary"]
 
 
 def test_big_legal_inputs_neither_overflow_nor_exhaust_memory(monkeypatch):
-    from bench_core import stats
+    from bench_core.core import stats
 
     assert stats.mann_whitney_min_p(3000, 3000) == 0.0          # 2 / C(6000, 3000) underflows, no OverflowError
     assert stats.mann_whitney_min_p(2, 2) == pytest.approx(2 / 6)
@@ -152,7 +152,7 @@ def test_big_legal_inputs_neither_overflow_nor_exhaust_memory(monkeypatch):
 def test_the_variance_prior_recovers_a_known_prior_and_is_never_worth_more_than_its_data():
     import numpy as np
 
-    from bench_core.stats import fit_variance_prior
+    from bench_core.core.stats import fit_variance_prior
 
     rng = np.random.default_rng(0)
     # limma's model: sigma^2 ~ s0^2 d0 / chi^2_d0, s^2 ~ sigma^2 chi^2_4 / 4, with s0^2 = 0.01 and d0 = 8
@@ -172,7 +172,7 @@ def test_the_paired_interval_inverts_the_signed_rank_test_so_they_never_disagree
     import numpy as np
     from scipy import stats as st
 
-    from bench_core.stats import paired_ratio
+    from bench_core.core.stats import paired_ratio
 
     rng = np.random.default_rng(1)
     for _ in range(100):

@@ -1,8 +1,8 @@
 """The tables people read: within 120 columns by default, every column on request."""
 import pytest
 
-from bench_core.compare import compare_sets
-from bench_core.report import WIDTH, comparison_table, session_table
+from bench_core.deciding.gate import compare_sets
+from bench_core.output.tables import WIDTH, comparison_table, session_table
 from helpers import runs
 
 
@@ -39,7 +39,7 @@ def test_the_comparison_table_fits_keeps_the_verdict_and_wraps_its_notes():
 
 def test_a_distribution_plot_shows_every_group_with_its_samples():
     pytest.importorskip("matplotlib")
-    from bench_core.plots import figure, png
+    from bench_core.output.plots import figure, png
 
     groups = [("this run", (2.0, 2.1, 2.05)), ("baseline run 0", (1.0, 1.1)), ("baseline run 1", (1.05, 1.0, 1.2))]
     fig = figure("alpha: host time", groups)
@@ -80,9 +80,9 @@ def test_the_session_writes_one_plot_per_scenario_with_its_baseline_runs(tmp_pat
 
 
 def test_asking_for_plots_without_matplotlib_stops_at_once_and_says_how_to_get_it(pytester, monkeypatch):
-    import bench_core.plots
+    import bench_core.output.plots
 
-    monkeypatch.setattr(bench_core.plots, "available", lambda: False)
+    monkeypatch.setattr(bench_core.output.plots, "available", lambda: False)
     pytester.makepyfile(test_x="def test_x(bench):\n    pass\n")
     res = pytester.runpytest("--bench-plots", "plots")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
@@ -94,8 +94,8 @@ def test_the_resource_summary_states_what_was_measured_and_what_was_not():
     from dataclasses import replace
 
     from bench_core import Scenario
-    from bench_core.records import Memory
-    from bench_core.report import resource_table
+    from bench_core.core.records import Memory
+    from bench_core.output.tables import resource_table
 
     (copy,) = runs([4.0], name="h2d", spread=0.0)
     copy = replace(copy, scenario=Scenario("h2d", ("transfer",), {"shapes": {"bytes": 64_000_000}}), items=None,
@@ -112,7 +112,7 @@ def test_the_resource_summary_states_what_was_measured_and_what_was_not():
 def test_samples_in_two_clusters_or_widely_spread_get_a_warning_on_their_row_with_the_likely_cause():
     import numpy as np
 
-    from bench_core.stats import clusters
+    from bench_core.core.stats import clusters
     from helpers import meas
 
     rng = np.random.default_rng(0)
@@ -132,7 +132,7 @@ def test_samples_in_two_clusters_or_widely_spread_get_a_warning_on_their_row_wit
 def test_the_cpu_default_is_one_thread_auto_keeps_torchs_and_nonsense_is_refused():
     import pytest as _pytest
 
-    from bench_core.plugin import _threads
+    from bench_core.shells.plugin import _threads
 
     assert _threads(None, "cpu") == 1 and _threads(None, "cuda") is None
     assert _threads("auto", "cpu") is None and _threads("4", "cpu") == 4

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_core.revisions import LoadedRevision, RevisionError, resolve, working_tree
+from bench_core.workflows.side_by_side.revisions import LoadedRevision, RevisionError, resolve, working_tree
 
 
 def git(root, *args):

@@ -4,12 +4,14 @@ import math
 import numpy as np
 import pytest
 
-from bench_core.backends import CpuBackend
-from bench_core.compare import FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED, GateConfig, decide_family
-from bench_core.errors import ScenarioError
-from bench_core.sampling import Sampler
-from bench_core.scenario import Scenario
-from bench_core.sidebyside import Instance, SideError, estimate_rounds, run_rounds
+from bench_core.timing.backends import CpuBackend
+from bench_core.deciding.gate import GateConfig, decide_family
+from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED
+from bench_core.core.errors import ScenarioError
+from bench_core.timing.sampling import Sampler
+from bench_core.core.scenario import Scenario
+from bench_core.deciding.rounds import estimate_rounds
+from bench_core.timing.protocol import Instance, SideError, run_rounds
 from fakes import FakeClock
 
 
@@ -135,7 +137,7 @@ def test_too_few_rounds_are_refused():
 
 
 def test_on_a_gpu_both_sides_are_timed_by_events_one_at_a_time():
-    from bench_core.backends import CudaBackend
+    from bench_core.timing.backends import CudaBackend
     from fakes import FakeGPU
 
     clock = FakeClock()
@@ -167,7 +169,7 @@ def _worker_test(tmp_path, body):
 @pytest.mark.parametrize("body, needle", [("time.sleep(60)", "did not answer in time"),
                                           ("os._exit(3)", "ended")])
 def test_a_worker_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needle):
-    from bench_core.worker import Worker
+    from bench_core.workflows.worker import Worker
 
     init, spec = _worker_test(tmp_path, body)
     w = Worker(init, timeout_s=3, spec=spec)
@@ -178,7 +180,7 @@ def test_a_worker_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needl
 
 
 def test_a_worker_serves_fresh_instances_and_samples(tmp_path):
-    from bench_core.worker import Worker
+    from bench_core.workflows.worker import Worker
 
     init, spec = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
                                         'bench.run(Scenario("w", ("compute",)), lambda: time.sleep(0.002))')
@@ -193,7 +195,7 @@ def test_a_worker_serves_fresh_instances_and_samples(tmp_path):
 def test_a_pool_serves_one_scenario_after_another_and_ends_a_worker_that_failed(tmp_path):
     import os
 
-    from bench_core.worker import WorkerPool
+    from bench_core.workflows.worker import WorkerPool
 
     init, spec_w = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
                                           'bench.run(Scenario("w", ("compute",)), lambda: time.sleep(0.001))')
@@ -232,7 +234,7 @@ class _FakeWorker:
             raise ScenarioError("s", "broke on its build")
 
     def sample(self):
-        from bench_core.sampling import Sample
+        from bench_core.timing.sampling import Sample
         return Sample(self.ms, None)
 
     def close(self):
@@ -240,7 +242,7 @@ class _FakeWorker:
 
 
 def test_worker_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_failed():
-    from bench_core.sidebyside import run_processes
+    from bench_core.timing.protocol import run_processes
 
     made, released = {}, []
 

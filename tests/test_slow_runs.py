@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from bench_core.compare import INCONCLUSIVE, SLOWER, GateConfig, decide_family, estimate_logs, prior_from_logs
-from bench_core.slow_runs import SlowRuns, difference, fit_slow_runs, level_posterior
-from bench_core.stats import VariancePrior
+from bench_core.deciding.gate import GateConfig, decide_family, estimate_logs, prior_from_logs
+from bench_core.deciding.verdicts import INCONCLUSIVE, SLOWER
+from bench_core.deciding.slow_runs import SlowRuns, difference, fit_slow_runs, level_posterior
+from bench_core.core.stats import VariancePrior
 
 EXCESS = math.log(1.16)
 
@@ -120,7 +121,7 @@ def test_the_guard_reads_each_side_on_the_side_a_false_alarm_needs():
 
 
 def test_one_candidate_run_on_a_two_level_machine_is_chased_not_decided():
-    from bench_core.compare import possible_slowdown
+    from bench_core.deciding.sequential import possible_slowdown
 
     prior = fit_slow_runs(history(1))
     base = history(1)[0]
@@ -140,7 +141,7 @@ def test_runs_orders_of_magnitude_apart_fall_back_to_one_level():
 
 
 def test_a_baseline_too_short_for_a_machine_with_slow_processes_is_named():
-    from bench_core.compare import baseline_warnings
+    from bench_core.deciding.gate import baseline_warnings
 
     days = [f"2026-12-0{d}T10:00:00+00:00" for d in range(1, 6)]        # 5 runs on 5 days: nothing else to say
     assert baseline_warnings("main", days, prior=prior_from_logs(history(2, slow=False))) == []

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from bench_core import StorageError
-from bench_core.state import StartingState
-from bench_core.correctness import (Tolerance, Variant, check_reference, save_reference, tolerance_for, validate)
+from bench_core.workflows.validation.state import StartingState
+from bench_core.workflows.validation.correctness import (Tolerance, Variant, check_reference, save_reference, tolerance_for, validate)
 
 
 def _setup(seed=0):
@@ -89,7 +89,7 @@ def test_save_load_round_trip_and_refusals(tmp_path):
     (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
     with pytest.raises(StorageError, match="is not a readable starting state"):
         StartingState.load(tmp_path / "cut.pt")
-    torch.save({"format": "bench_core.state", "schema_version": 1, "hash": "0" * 64,
+    torch.save({"format": "bench_core.workflows.validation.state", "schema_version": 1, "hash": "0" * 64,
                 "payload": {"model": {}, "batches": [torch.ones(1)]}}, tmp_path / "forged.pt")
     with pytest.raises(StorageError, match="content hash does not match"):
         StartingState.load(tmp_path / "forged.pt")
@@ -336,7 +336,7 @@ def test_a_step_can_learn_its_index():
 
 
 def test_tolerances_per_kind_pass_a_noisy_output_and_still_fail_a_wrong_lr():
-    from bench_core.correctness import Tolerances
+    from bench_core.workflows.validation.correctness import Tolerances
 
     model, opt, state = _captured()
 
@@ -396,7 +396,7 @@ def test_cuda_rng_states_for_another_device_count_are_restored_as_far_as_they_go
 
 def test_a_state_moved_to_another_device_keeps_its_rng_states_on_the_cpu(tmp_path):
     # issue 15: load(map_location="cuda") moved the NumPy keys to the GPU and restore crashed on .numpy()
-    from bench_core.state import _restore_rng
+    from bench_core.workflows.validation.state import _restore_rng
 
     model, opt, batches = _setup()
     path = StartingState.capture(model, opt, batches).save(tmp_path / "s.pt")
@@ -409,7 +409,7 @@ def test_a_state_moved_to_another_device_keeps_its_rng_states_on_the_cpu(tmp_pat
 
 def test_a_reference_check_feeds_the_models_own_device(tmp_path, monkeypatch):
     # issue 15: a CUDA model was fed the reference's CPU batches
-    import bench_core.correctness as correctness
+    import bench_core.workflows.validation.correctness as correctness
 
     model, opt, state = _captured()
     path = save_reference(tmp_path / "ref.pt", train_step, state, model, opt, steps=1)

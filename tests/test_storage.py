@@ -4,7 +4,7 @@ import os
 import pytest
 
 from bench_core import StorageError
-from bench_core import storage
+from bench_core.files import storage
 from helpers import ENV, meas, runs
 
 
@@ -121,7 +121,7 @@ def test_session_file_reads_as_one_run(tmp_path):
 def test_decision_record_with_non_finite_errors_is_written_as_json(tmp_path):
     import math
 
-    from bench_core.correctness import TensorDiff
+    from bench_core.workflows.validation.correctness import TensorDiff
 
     diff = TensorDiff("step[0].output", 0, math.inf, math.nan, 1e-5, 1e-5, "non-finite in candidate")
     p = storage.write_decision(tmp_path, {"correctness": {"diffs": [diff.to_dict()]}}, "nan case")
@@ -146,7 +146,7 @@ def test_a_baseline_holding_the_same_run_twice_is_refused(tmp_path):
 
 def _append_many(args):
     folder, worker, n = args
-    from bench_core import storage as st
+    from bench_core.files import storage as st
     from helpers import ENV as env, meas as m
 
     for i in range(n):

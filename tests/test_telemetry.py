@@ -1,11 +1,13 @@
 """GPU telemetry from NVML around the timed window, driven by a fake NVML and the fake GPU on the CPU."""
 import json
 
-from bench_core import Scenario, measure, storage
-from bench_core.backends import CudaBackend, CpuBackend
-from bench_core.compare import SLOWER, compare_runs
-from bench_core.report import session_table
-from bench_core.telemetry import Telemetry, flags, GpuState
+from bench_core import Scenario, measure
+from bench_core.files import storage
+from bench_core.timing.backends import CudaBackend, CpuBackend
+from bench_core.deciding.gate import compare_runs
+from bench_core.deciding.verdicts import SLOWER
+from bench_core.output.tables import session_table
+from bench_core.timing.telemetry import Telemetry, flags, GpuState
 from fakes import FakeClock, FakeGPU, FakeNVML
 from helpers import runs
 

@@ -1,7 +1,8 @@
 import pytest
 
-from bench_core.environment import COMPARABILITY_FIELDS, differences, fingerprint
-from bench_core.timers import make_cuda_event_clock
+from bench_core.core.environment import COMPARABILITY_FIELDS, differences
+from bench_core.files.machine import fingerprint
+from bench_core.files.pytest_benchmark import make_cuda_event_clock
 from fakes import FakeClock, FakeGPU
 
 
@@ -24,7 +25,7 @@ def test_pytest_benchmark_runs_with_our_clock_by_dotted_name(pytester):
 def test_sum(benchmark):
     assert benchmark.pedantic(sum, args=(range(100),), rounds=5, warmup_rounds=1, iterations=1) == 4950
 """)
-    res = pytester.runpytest("--benchmark-timer=bench_core.timers.cuda_sync_clock", "--benchmark-json=pb.json")
+    res = pytester.runpytest("--benchmark-timer=bench_core.files.pytest_benchmark.cuda_sync_clock", "--benchmark-json=pb.json")
     res.assert_outcomes(passed=1)
     import json
 
@@ -34,7 +35,7 @@ def test_sum(benchmark):
 
 
 def test_cuda_sync_clock_is_a_monotonic_seconds_clock_on_cpu():
-    from bench_core.timers import cuda_sync_clock
+    from bench_core.files.pytest_benchmark import cuda_sync_clock
 
     a = cuda_sync_clock()
     b = cuda_sync_clock()

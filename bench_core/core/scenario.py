@@ -1,0 +1,87 @@
+"""What a measurement measures: the scenario record every result carries."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from bench_core.core.errors import InvalidRecord
+
+# The stages a timed window may hold. Keeping the vocabulary closed makes two results comparable only
+# when they say the same thing about their boundaries.
+STAGES = (
+    "batch_read",      # a batch comes out of a DataLoader / dataset
+    "transfer",        # host-to-device (or device-to-host) copy
+    "forward",
+    "backward",
+    "optimizer_step",
+    "request",         # one inference request (model already loaded)
+    "compute",         # a kernel or op sequence that is not a model step
+    "model_load",      # construction + state load + move to device; never inside a request
+)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """Turn frozen metadata back into plain JSON-able containers."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One question a benchmark answers, with the boundaries of its timed window.
+
+    `window` lists the stages inside the timed window, in order. `metadata` records what the
+    number depends on (shapes, batch size, dtype, train/eval mode, compiled, data source, device).
+    `noise_threshold` is the smallest relative change the regression gate may call a change for
+    this scenario (None: the gate's default).
+    """
+
+    name: str
+    window: tuple[str, ...]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    noise_threshold: float | None = None
+    description: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise InvalidRecord("scenario name must be a non-empty string")
+        window = tuple(self.window) if not isinstance(self.window, str) else (self.window,)
+        if not window:
+            raise InvalidRecord(f"scenario {self.name!r}: window must name at least one stage of {STAGES}")
+        unknown = [s for s in window if s not in STAGES]
+        if unknown:
+            raise InvalidRecord(
+                f"scenario {self.name!r}: unknown stage(s) {unknown} in window; use stages from {STAGES}"
+            )
+        if "request" in window and "model_load" in window:
+            raise InvalidRecord(
+                f"scenario {self.name!r}: model loading is never inside a request; time it as the cold start"
+            )
+        if not isinstance(self.metadata, Mapping):
+            raise InvalidRecord(f"scenario {self.name!r}: metadata must be a mapping")
+        if self.noise_threshold is not None:
+            t = self.noise_threshold
+            if not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t < 1:
+                raise InvalidRecord(
+                    f"scenario {self.name!r}: noise_threshold must be a fraction in [0, 1), got {t!r}"
+                )
+        object.__setattr__(self, "window", window)
+        object.__setattr__(self, "metadata", _freeze(dict(self.metadata)))
+
+    def with_metadata(self, **extra: Any) -> "Scenario":
+        merged = thaw(self.metadata)
+        merged.update(extra)
+        return Scenario(self.name, self.window, merged, self.noise_threshold, self.description)

@@ -1,0 +1,134 @@
+"""Command line without pytest: `python -m bench_core compare BASELINE NEW`, `show FILE`, `baseline list|drop NAME`.
+
+Exit status: 0 nothing regressed, 1 something regressed, is incomparable, or failed in the new session,
+2 unusable input (a damaged file, or samples that can never give a decision).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench_core.deciding.gate import GateConfig, compare_sets
+from bench_core.deciding.verdicts import INCOMPARABLE, SLOWER
+from bench_core.core.errors import BenchError
+from bench_core.output.tables import comparison_table, session_table
+from bench_core.files import storage
+
+EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _load(arg: str, baselines: Path):
+    p = Path(arg)
+    if p.suffix == ".json" or p.exists():
+        return storage.load_runs(p)
+    return storage.load_baseline(baselines, arg)  # a bare name means a stored baseline
+
+
+def cmd_compare(ns) -> int:
+    try:
+        gate = GateConfig(alpha=ns.alpha, threshold=ns.threshold, run_noise=ns.run_noise, adjust=ns.adjust,
+                          allow_env_mismatch=ns.allow_env_mismatch, min_runs=ns.min_runs,
+                          max_runs=None if ns.max_runs is None else max(ns.min_runs, ns.max_runs), window=ns.window)
+        base = storage.by_scenario(_load(ns.baseline, Path(ns.baselines)))
+        new = storage.by_scenario(_load(ns.new, Path(ns.baselines)))
+        failed = storage.load_errors(Path(ns.new)) if Path(ns.new).exists() else []
+    except (BenchError, ValueError) as exc:
+        print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    comps = compare_sets(base, new, gate)
+    if ns.json:
+        print(json.dumps([c.to_dict() for c in comps], indent=1))
+    else:
+        print(comparison_table(comps, gate.alpha, wide=ns.wide))
+    for e in failed:  # a scenario that errored in the new session is not "missing": it failed
+        print(f"bench_core compare: {e.get('scenario')!r} failed in the new session: {e.get('problem')}",
+              file=sys.stderr)
+    unusable = [c for c in comps if c.unusable]
+    for c in unusable:
+        print(f"bench_core compare: unusable input for {c.name!r}: {c.reason}", file=sys.stderr)
+    if unusable:
+        return EXIT_BAD_INPUT
+    bad = [c for c in comps if c.verdict in (SLOWER, INCOMPARABLE)]
+    return EXIT_REGRESSED if bad or failed else EXIT_OK
+
+
+def cmd_show(ns) -> int:
+    try:
+        runs = _load(ns.file, Path(ns.baselines))
+    except (BenchError, ValueError) as exc:
+        print(f"bench_core show: unusable input: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for i, run in enumerate(runs):
+        if len(runs) > 1:
+            print(f"run {i + 1} of {len(runs)}")
+        print(session_table(run, wide=ns.wide))
+    return EXIT_OK
+
+
+def cmd_baseline(ns) -> int:
+    from tabulate import tabulate
+
+    try:
+        if ns.action == "list":
+            rows = storage.baseline_runs(Path(ns.baselines), ns.name)
+            print(tabulate(rows, headers="keys", disable_numparse=True))
+        else:
+            path, left = storage.drop_run(Path(ns.baselines), ns.name, ns.run)
+            print(f"run {ns.run} dropped from {path}; {left} run(s) left")
+    except (BenchError, ValueError) as exc:
+        print(f"bench_core baseline: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench_core", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compare", help="compare NEW against BASELINE (files, or names under --baselines)")
+    c.add_argument("baseline")
+    c.add_argument("new")
+    c.add_argument("--baselines", default="baselines")
+    d = GateConfig()
+    c.add_argument("--alpha", type=float, default=d.alpha)
+    c.add_argument("--threshold", type=float, default=d.threshold)
+    c.add_argument("--run-noise", type=float, default=d.run_noise,
+                   help="fallback run-to-run spread, used when the baseline is too small to fit its own")
+    c.add_argument("--min-runs", type=int, default=d.min_runs,
+                   help="candidate runs (separate processes) before slower/faster can be said (1: one run decides)")
+    c.add_argument("--max-runs", type=int, default=None,
+                   help="the replication budget the looks are planned for (alpha is split over them); "
+                        "default 7, or --min-runs if more")
+    c.add_argument("--window", type=int, default=None, help="compare with the latest N baseline runs only")
+    c.add_argument("--adjust", choices=("holm", "bonferroni", "bh"), default=d.adjust)
+    c.add_argument("--allow-env-mismatch", action="store_true")
+    c.add_argument("--json", action="store_true", help="print the comparisons as JSON")
+    c.add_argument("--wide", action="store_true", help="every column, notes unwrapped (default: fit 120 columns)")
+    c.set_defaults(func=cmd_compare)
+    s = sub.add_parser("show", help="print the results table of a session file or a baseline (every run)")
+    s.add_argument("file")
+    s.add_argument("--baselines", default="baselines")
+    s.add_argument("--wide", action="store_true", help="every column (default: fit 120 columns)")
+    s.set_defaults(func=cmd_show)
+    b = sub.add_parser("baseline", help="a stored baseline's runs: list them, or drop one (rewritten atomically)")
+    bsub = b.add_subparsers(dest="action", required=True)
+    bl = bsub.add_parser("list", help="every run of baseline NAME: date, commit, device, scenarios")
+    bl.add_argument("name")
+    bd = bsub.add_parser("drop", help="remove run RUN (as numbered by list) from baseline NAME")
+    bd.add_argument("name")
+    bd.add_argument("run", type=int)
+    for parser in (bl, bd):
+        parser.add_argument("--baselines", default="baselines")
+    b.set_defaults(func=cmd_baseline)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    try:
+        ns = ap.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage, which is our "unusable input" too
+        return int(exc.code or 0)
+    return ns.func(ns)

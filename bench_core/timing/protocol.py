@@ -1,0 +1,195 @@
+"""Two versions of one scenario measured side by side in one process, in rounds of fresh instances.
+
+Where timing noise lives on a shared machine (measured in shared/noise-layers): the level of a whole run
+drifts, so the two sides alternate sample by sample in a seeded random order, and each pair's ratio
+cancels the drift. But each instance (each set of allocations) keeps a bias of its own of several
+percent on memory-bound and CNN work, so every round builds both sides anew, and the *round* is the
+unit of evidence: a round's estimate is the median log ratio of its pairs, and the interval comes
+from the spread of the round estimates (a t-interval with rounds - 1 degrees of freedom). The
+instance bias is then inside the interval instead of inside the answer.
+
+The decision over the rounds is `deciding.rounds`. Pure apart from calling the builders and the sampler.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from bench_core.core.errors import ScenarioError
+from bench_core.timing.sampling import Sample, Sampler, gc_frozen, gc_paused
+
+SIDES = ("baseline", "candidate")
+
+
+class SideError(ScenarioError):
+    """One side of a side-by-side comparison failed; `side` says which."""
+
+    def __init__(self, side: str, cause: ScenarioError):
+        self.side = side
+        super().__init__(cause.scenario, f"{side}: {cause.problem}")
+
+
+def on_side(side: str, fn: Callable[[], Any]) -> Any:
+    """Run `fn` for `side`; a ScenarioError comes back as a SideError naming that side."""
+    try:
+        return fn()
+    except SideError:
+        raise
+    except ScenarioError as exc:
+        raise SideError(side, exc) from exc
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One freshly built side of a round: the zero-argument step and its optional `load` and `setup`."""
+
+    fn: Callable[[], Any]
+    setup: Callable[[], Any] | None = None
+    load: Callable[[], Any] | None = None
+    block_size: int = 1
+    scenario: Any = None           # the side's own Scenario record, when it declared one
+    remote: Callable[[], Sample] | None = None   # takes a sample elsewhere (a worker process) instead of `fn`
+    clock: Any = None              # the clock the test asked for (tests: a fake), for a whole measurement of it
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """Raw material of a side-by-side comparison: per round and side, the timed samples."""
+
+    baseline: tuple[tuple[Sample, ...], ...]
+    candidate: tuple[tuple[Sample, ...], ...]
+    cold: Mapping[str, tuple[Sample, ...]] = field(default_factory=dict)   # first call of each round
+    load_ms: Mapping[str, float | None] = field(default_factory=dict)     # round 0's `load`, timed once
+    seed: int = 0
+    scenarios: Mapping[str, Any] = field(default_factory=dict)            # each side's record, from round 0
+
+    def primary(self, side: str) -> tuple[tuple[float, ...], ...]:
+        return tuple(tuple(x.primary_ms for x in r) for r in getattr(self, side))
+
+    @property
+    def round_log_ratios(self) -> list[float]:
+        """Per round: median over its pairs of log(candidate / baseline)."""
+        return [float(np.median(np.log(np.asarray(c)) - np.log(np.asarray(b))))
+                for b, c in zip(self.primary("baseline"), self.primary("candidate"))]
+
+    def to_dict(self) -> dict:
+        def ms(rounds):
+            return [[[x.host_ms, x.gpu_ms] for x in r] for r in rounds]
+
+        return {"samples_host_gpu_ms": {s: ms(getattr(self, s)) for s in SIDES},
+                "cold_host_gpu_ms": {k: [[x.host_ms, x.gpu_ms] for x in v] for k, v in self.cold.items()},
+                "load_ms": dict(self.load_ms), "seed": self.seed, "round_log_ratios": self.round_log_ratios}
+
+
+def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, *, rounds: int, pairs: int,
+               warmup: int = 1, seed: int = 0, min_rounds: int = 3, extend_to: Sequence[int] = (),
+               go_on: Callable[[Rounds], bool] | None = None) -> Rounds:
+    """`build[side](round)` makes a fresh instance of that side. Each round: build both (in random order),
+    a first (cold) call and `warmup` more of each, kept out of the estimate, then `pairs` pairs, each in
+    a random order. Nothing else runs between the two samples of a pair. A failure raises SideError.
+    The rounds are the unit of evidence, so there must be `min_rounds` of them (3, for a spread with 2
+    degrees of freedom), unless these rounds are one part of a larger unit (a pair of processes).
+
+    A sequential design: after `rounds` rounds, and at each of `extend_to` in turn, `go_on(rounds so
+    far)` decides whether to run on to the next of `extend_to` (the looks, and the alpha they spend, are
+    the caller's to plan)."""
+    if rounds < min_rounds or pairs < 1:
+        raise ValueError(f"side by side needs at least {min_rounds} rounds and 1 pair, got {rounds} and {pairs}")
+    if list(extend_to) != sorted(set(extend_to)) or any(n <= rounds for n in extend_to):
+        raise ValueError(f"later looks must grow past {rounds} rounds, got {list(extend_to)}")
+    runner = _Runner(build, sampler, random.Random(seed))
+    with gc_frozen():
+        for r in range(rounds):
+            runner.round(r, pairs, warmup)
+        for target in extend_to:
+            if go_on is None or not go_on(runner.result(seed)):
+                break
+            for r in range(len(runner.samples["baseline"]), target):
+                runner.round(r, pairs, warmup)
+    return runner.result(seed)
+
+
+class _Runner:
+    """The state of a side-by-side run as its rounds go by."""
+
+    def __init__(self, build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, rng: random.Random):
+        self.build, self.sampler, self.rng = build, sampler, rng
+        self.samples: dict[str, list[tuple[Sample, ...]]] = {s: [] for s in SIDES}
+        self.cold: dict[str, list[Sample]] = {s: [] for s in SIDES}
+        self.load_ms: dict[str, float | None] = {s: None for s in SIDES}
+        self.scenarios: dict[str, Any] = {}
+        self.inst: dict[str, Instance] = {}
+
+    def timed(self, side: str, what: str) -> Sample:
+        i = self.inst[side]
+        if i.remote is not None:
+            return on_side(side, i.remote)
+        if i.setup is not None:
+            on_side(side, lambda: self.sampler.call(f"setup before {what}", i.setup))
+        return on_side(side, lambda: self.sampler.sample(i.fn, i.block_size, what=what))
+
+    def round(self, r: int, pairs: int, warmup: int) -> None:
+        for side in self.rng.sample(SIDES, 2):
+            self.inst[side] = on_side(side, lambda: self.sampler.call(f"building round {r}",
+                                                                      lambda: self.build[side](r)))
+            load = self.inst[side].load
+            if load is not None:
+                ms = on_side(side, lambda: self.sampler.elapsed_ms(load, f"load (round {r})"))
+                if r == 0:
+                    self.load_ms[side] = ms
+            if r == 0:
+                self.scenarios[side] = self.inst[side].scenario
+        for side in self.rng.sample(SIDES, 2):
+            self.cold[side].append(self.timed(side, f"the first call of round {r}"))
+        for w in range(warmup):
+            for side in self.rng.sample(SIDES, 2):
+                self.timed(side, f"warmup {w} of round {r}")
+        got: dict[str, list[Sample]] = {s: [] for s in SIDES}
+        with gc_paused():
+            for p in range(pairs):
+                for side in self.rng.sample(SIDES, 2):
+                    got[side].append(self.timed(side, f"pair {p} of round {r}"))
+        for side in SIDES:
+            self.samples[side].append(tuple(got[side]))
+        self.inst.clear()  # this round's instances go before the next round allocates its own
+
+    def result(self, seed: int) -> Rounds:
+        return Rounds(tuple(self.samples["baseline"]), tuple(self.samples["candidate"]),
+                      {k: tuple(v) for k, v in self.cold.items()}, dict(self.load_ms), seed, dict(self.scenarios))
+
+
+def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *, processes: int, rounds: int,
+                  pairs: int, seed: int = 0, release: Callable[[str, int, Any, bool], None] | None = None
+                  ) -> list[Rounds]:
+    """Side by side in pairs of worker processes: `spawn[side](k)` gives side's k-th worker (a
+    `worker.Worker`, its test assigned); each pair runs `rounds` rounds of fresh instances, built and timed
+    in the workers, samples asked for alternately in a seeded random order. After its pair each worker
+    goes to `release(side, k, worker, ok)` (default: ended; a session's pool keeps the sound ones)."""
+    if processes < 3:
+        raise ValueError(f"worker mode needs at least 3 pairs of processes, got {processes}")
+    release = release or (lambda side, k, w, ok: w.close())
+    out = []
+    for k in range(processes):
+        workers: dict[str, Any] = {}
+        ok = False
+        try:
+            for side in random.Random(seed + k).sample(SIDES, 2):
+                workers[side] = on_side(side, lambda: spawn[side](k))
+            for side, w in workers.items():   # both started, each loading its code meanwhile
+                on_side(side, w.wait_ready)
+
+            def builder(side: str):
+                def build(r: int) -> Instance:
+                    declared = workers[side].build()
+                    return Instance(fn=lambda: None, remote=workers[side].sample, scenario=declared)
+                return build
+            out.append(run_rounds({s: builder(s) for s in SIDES}, sampler, rounds=rounds, pairs=pairs, seed=seed + k,
+                                  min_rounds=1))
+            ok = True
+        finally:
+            for side, w in workers.items():
+                release(side, k, w, ok)
+    return out

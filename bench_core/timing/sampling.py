@@ -1,0 +1,182 @@
+"""The one timed-sample loop every caller uses: `measure`, the interleaved A/B, and any future worker.
+
+A sample is: synchronize, record a start event, read the host clock, make `calls` back-to-back calls,
+record an end event, synchronize, read the host clock. Nothing synchronizes inside the calls, so the
+program under measurement is the one the user wrote. Everything the user's code raises comes back
+as a ScenarioError that names the scenario and what was being done.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+from bench_core.timing.backends import Backend
+from bench_core.core.errors import ScenarioError
+
+Clock = Callable[[], int]  # nanoseconds, monotonic
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed sample, per call: host end-to-end time, and GPU time where the backend has events."""
+
+    host_ms: float
+    gpu_ms: float | None = None
+
+    @property
+    def primary_ms(self) -> float:
+        """The figure decisions use: GPU time when there is one, else host time."""
+        return self.gpu_ms if self.gpu_ms is not None else self.host_ms
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Garbage collection off for the timed samples: a collection landing in one sample adds
+    milliseconds to it alone. Collected once before, restored after."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@contextmanager
+def gc_frozen() -> Iterator[None]:
+    """Collect once, then freeze every object that exists: later collections (one per round of fresh
+    instances) traverse only what was made since, so they cost microseconds instead of the ~80 ms a
+    full collection takes once torch is imported (measured here)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@contextmanager
+def time_limit(seconds: float | None, scenario: str) -> Iterator[None]:
+    """Fail a scenario that runs longer than `seconds` (None or 0: no limit), naming it.
+
+    A SIGALRM timer, as pytest-timeout's signal method: it interrupts Python code (a loop, a sleep, a
+    queue that never answers); a single native call that never returns is interrupted when it does.
+    Only the main thread can take signals; elsewhere the scenario runs without a limit.
+    """
+    import signal
+    import threading
+
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise ScenarioError(scenario, f"ran past its time limit of {seconds:g} s and was stopped "
+                                      f"(--bench-timeout sets the limit; 0 turns it off)")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def set_threads(threads: int | None) -> int | None:
+    """Fix torch's CPU thread count when asked; return the count in force either way."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return threads
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+class Sampler:
+    """Takes samples of callables on one backend with one clock, for one named scenario."""
+
+    def __init__(self, scenario: str, backend: Backend, clock: Clock | None = None):
+        self.scenario = scenario
+        self.backend = backend
+        self.clock = clock or time.perf_counter_ns
+        self._events = None
+
+    def _event_pair(self):
+        """One start/end pair for every sample, each recorded once before the first: a CUDA event is
+        created at its first record, and that creation must not land inside a measured interval."""
+        if self._events is None:
+            start, end = self.backend.event(), self.backend.event()
+            if start is not None:
+                self.backend.record(start)
+                self.backend.record(end)
+                self.backend.synchronize()
+            self._events = (start, end)
+        return self._events
+
+    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run user code untimed; a failure names the scenario and `what` (cause chained)."""
+        try:
+            return fn()
+        except ScenarioError:
+            raise
+        except Exception as exc:
+            raise ScenarioError(self.scenario, f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+    def sample(self, fn: Callable[[], Any], calls: int = 1, what: str = "a sample") -> Sample:
+        """Time `calls` back-to-back calls of `fn`; the figures are per call."""
+        return self.call(what, lambda: self._timed(fn, calls, what))
+
+    def elapsed_ms(self, fn: Callable[[], Any], what: str) -> float:
+        """Host time of one untimed-window step such as `load`, after its device work has finished."""
+        t0 = self.clock()
+        self.call(what, fn)
+        self.backend.synchronize()
+        return (self.clock() - t0) / 1e6
+
+    def _timed(self, fn: Callable[[], Any], calls: int, what: str) -> Sample:
+        backend, clock = self.backend, self.clock
+        start_ev, end_ev = self._event_pair()
+        backend.synchronize()  # earlier work must not leak into this window
+        backend.record(start_ev)
+        t0 = clock()
+        for _ in range(calls):
+            out = fn()
+        backend.record(end_ev)
+        backend.synchronize()
+        t1 = clock()
+        gpu = backend.elapsed_ms(start_ev, end_ev) / calls if start_ev is not None else None
+        bad = non_finite(out)  # after the window: a step that computes NaN must not pass as fast
+        if bad is not None:
+            raise ScenarioError(self.scenario, f"{what} returned a non-finite value ({bad}): the step is broken, "
+                                               f"so its timing means nothing")
+        return Sample((t1 - t0) / 1e6 / calls, gpu)
+
+
+def non_finite(value: Any, where: str = "result") -> str | None:
+    """Where a returned number or tensor (or one inside a mapping or sequence) is NaN or infinite."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where} = {value}"
+    if isinstance(value, Mapping):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - torch is a dependency
+            return None
+        if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()) and value.numel():
+            return None if bool(torch.isfinite(value).all()) else f"{where} holds NaN or infinity"
+        return None
+    for k, v in items:
+        found = non_finite(v, f"{where}[{k!r}]")
+        if found:
+            return found
+    return None

@@ -1,0 +1,1 @@
+"""Diagnose: a profiler pass kept apart from measurement, and what its trace says."""

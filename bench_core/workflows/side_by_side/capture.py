@@ -1,0 +1,84 @@
+"""A benchmark test called again, to capture its scenario as a fresh instance (for side-by-side rounds).
+
+A benchmark test builds its model and data, then hands its step to `bench.run(scenario, fn, ...)`.
+Called with a `CaptureBench` instead, the test builds everything anew and stops at `bench.run`,
+handing over the scenario and the step: a new instance with fresh allocations, of whichever code
+the test function belongs to (the current tree's or another revision's). Nothing here needs pytest:
+the caller says how to find each argument's value.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from bench_core.core.errors import ScenarioError
+from bench_core.timing.protocol import Instance
+
+
+class Sizing:
+    """What a benchmark asks of its `bench` before it runs: the device and the size for it."""
+
+    def __init__(self, device: str, quick: bool):
+        self.device = device
+        self.quick = quick
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    def size(self, cpu, gpu, quick=None):
+        """Pick a size: small on the CPU, realistic on the GPU, smallest in --bench-quick."""
+        if self.quick and quick is not None:
+            return quick
+        return gpu if self.on_gpu else cpu
+
+
+class _Captured(BaseException):
+    # BaseException: a test's own `except Exception` around its body must not swallow the capture
+    def __init__(self, scenario, fn, kwargs):
+        super().__init__("captured")
+        self.scenario, self.fn, self.kwargs = scenario, fn, kwargs
+
+
+class CaptureBench(Sizing):
+    """A `bench` whose `run` hands the scenario over instead of measuring it."""
+
+    def run(self, scenario, fn, **kwargs):
+        raise _Captured(scenario, fn, kwargs)
+
+    def _not_a_scenario(self, *args, **kwargs):
+        raise ScenarioError("side by side", "only tests that measure with bench.run are compared side by side; "
+                                            "A/B, validation and reference checks run on the current code only")
+
+    ab = validate = reference = _not_a_scenario
+
+
+def instance_from(fn: Callable[[], Any], kwargs: dict, scenario=None) -> Instance:
+    """The parts of a `bench.run(scenario, fn, **kwargs)` call that side-by-side rounds use."""
+    block = kwargs.get("block_size", 1) if kwargs.get("mode", "per_call") == "block" else 1
+    return Instance(fn, kwargs.get("setup"), kwargs.get("load"), block, scenario, clock=kwargs.get("clock"))
+
+
+def capture(func: Callable, value_of: Callable[[str], Any], sizing: Sizing, side: str, name: str) -> Instance:
+    """Call the test function `func` with a CaptureBench as `bench` and `value_of(arg)` for every other
+    argument; return the instance it hands to `bench.run`."""
+    bench = CaptureBench(sizing.device, sizing.quick)
+    args = {}
+    for arg in inspect.signature(func).parameters:
+        if arg == "bench":
+            args[arg] = bench
+            continue
+        try:
+            args[arg] = value_of(arg)
+        except Exception as exc:
+            raise ScenarioError(name, f"the {side}'s test needs {arg!r}, which this run cannot give it "
+                                      f"({type(exc).__name__}: {exc})") from None
+    try:
+        func(**args)
+    except _Captured as got:
+        return instance_from(got.fn, got.kwargs, got.scenario)
+    except ScenarioError:
+        raise
+    except Exception as exc:
+        raise ScenarioError(name, f"the {side}'s test failed before bench.run: {type(exc).__name__}: {exc}") from exc
+    raise ScenarioError(name, f"the {side}'s test finished without calling bench.run")

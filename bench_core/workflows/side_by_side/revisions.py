@@ -1,0 +1,306 @@
+"""Another git revision of the project, loaded into this process beside the current code.
+
+`snapshot` extracts REV's tracked files (`git archive`) into a temporary folder: the user's working tree,
+index and worktree list are never touched. `RevisionImporter` then loads REV's project modules under an
+alias package (`_bench_rev_<sha>.models`, ...), and gives each of them its own `__import__`, through
+which an absolute import of a project module (`import models`, `from mypkg.sub import f`, also inside a
+function body, run later) resolves to REV's copy, while everything else (torch, numpy, the measuring
+engine `bench_core` itself) is shared. Relative imports resolve inside the alias by themselves.
+
+What cannot share a process, and is refused with a message that says so: compiled extensions of the
+project, and code that registers global names twice (a `torch.library` operator defined on both
+sides fails when REV's module runs). `importlib.import_module("models")` called by REV's code is not
+redirected (it bypasses `__import__`); such code sees the current tree's module.
+"""
+from __future__ import annotations
+
+import builtins
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import io
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterable
+
+from bench_core.core.errors import BenchError
+from bench_core.files import git
+
+ENGINE = __name__.split(".")[0]   # the measuring engine is shared by both sides, never aliased
+
+
+class RevisionError(BenchError):
+    """A revision cannot be compared; says which side and what to do."""
+
+
+def _git(root: Path, *args: str, binary: bool = False):
+    try:
+        return git.run(root, *args, binary=binary)
+    except git.GitUnavailable as exc:
+        raise RevisionError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Revision:
+    """Which code a side ran: the commit, and for the working tree whether (and how) it was dirty."""
+
+    label: str                 # what the user asked for: "REV" or "working tree"
+    commit: str | None
+    dirty: bool = False
+    diff_sha256: str | None = None   # hash of `git diff HEAD` when dirty: which uncommitted changes ran
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def working_tree(root: Path) -> Revision:
+    head = _git(root, "rev-parse", "--verify", "HEAD")
+    commit = head.stdout.strip() if head.returncode == 0 else None
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    dirty = status.returncode == 0 and bool(status.stdout.strip())
+    digest = None
+    if dirty:
+        diff = _git(root, "diff", "HEAD", binary=True)
+        digest = hashlib.sha256(diff.stdout).hexdigest() if diff.returncode == 0 else None
+    return Revision("working tree", commit, dirty, digest)
+
+
+def resolve(root: Path, rev: str) -> Revision:
+    """The commit REV names, or a RevisionError saying what to do (unknown name, shallow clone)."""
+    if not rev or rev.startswith("-"):
+        raise RevisionError(f"--bench-against needs a git revision (a branch, tag or SHA), got {rev!r}")
+    inside = _git(root, "rev-parse", "--is-inside-work-tree")
+    if inside.returncode != 0:
+        raise RevisionError(f"{root} is not inside a git repository, so there is no revision {rev!r} to compare with")
+    out = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if out.returncode != 0:
+        shallow = _git(root, "rev-parse", "--is-shallow-repository").stdout.strip() == "true"
+        hint = ("this is a shallow clone, so older commits are missing: fetch them first "
+                "(`git fetch --unshallow`, or `fetch-depth: 0` in actions/checkout)") if shallow else (
+            "check the name; a remote branch needs `git fetch` first")
+        raise RevisionError(f"revision {rev!r} is unknown here: {hint}")
+    return Revision(rev, out.stdout.strip())
+
+
+def snapshot(root: Path, rev: Revision, into: Path) -> Path:
+    """REV's tracked files under `into` (a fresh folder); returns the folder of the repository root."""
+    out = _git(root, "archive", "--format=tar", rev.commit, binary=True)
+    if out.returncode != 0:
+        raise RevisionError(f"git archive of {rev.label} ({rev.commit[:12]}) failed: "
+                            f"{out.stderr.decode(errors='replace').strip()}")
+    with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def repo_root(path: Path) -> Path:
+    out = _git(path, "rev-parse", "--show-toplevel")
+    if out.returncode != 0:
+        raise RevisionError(f"{path} is not inside a git repository: --bench-against compares git revisions")
+    return Path(out.stdout.strip()).resolve()
+
+
+# -- loading REV beside the current code -------------------------------------------------------------------
+class RevisionImporter(importlib.abc.MetaPathFinder):
+    """Loads REV's project modules under `alias`, each with an `__import__` that keeps REV's imports in REV.
+
+    `search_roots`: folders of the snapshot that play the part of the current process's sys.path
+    entries inside the repository (its root, `src/`, a `benchmarks/` that a conftest put on sys.path).
+    A top-level name found in one of them is a project module; everything else is shared.
+    """
+
+    def __init__(self, snapshot_root: Path, search_roots: Iterable[Path], tag: str):
+        self.root = Path(snapshot_root)
+        self.search_roots = [Path(p) for p in dict.fromkeys(search_roots) if Path(p).is_dir()]
+        self.alias = f"_bench_rev_{tag}"
+        self.local = self._project_names()
+        self._builtins = dict(vars(builtins))
+        self._builtins["__import__"] = self._import
+        self._installed = False
+
+    def _project_names(self) -> set[str]:
+        names = set()
+        for root in self.search_roots:
+            for p in root.iterdir():
+                if p.suffix == ".py" and p.stem.isidentifier():
+                    names.add(p.stem)
+                elif p.is_dir() and p.name.isidentifier() and any(p.glob("*.py")):
+                    names.add(p.name)
+        names.discard(ENGINE)
+        return names
+
+    # -- the import hook -------------------------------------------------------------------------
+    def install(self) -> "RevisionImporter":
+        if not self._installed:
+            pkg = ModuleType(self.alias)
+            pkg.__path__ = []  # a package that holds only what this importer puts in it
+            sys.modules[self.alias] = pkg
+            sys.meta_path.insert(0, self)
+            self._installed = True
+        return self
+
+    def uninstall(self) -> None:
+        if self._installed:
+            sys.meta_path.remove(self)
+            for name in [n for n in sys.modules if n == self.alias or n.startswith(self.alias + ".")]:
+                del sys.modules[name]
+            self._installed = False
+
+    def _import(self, name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and name.partition(".")[0] in self.local:
+            module = builtins.__import__(f"{self.alias}.{name}", globals, locals, fromlist, 0)
+            if fromlist:
+                return module
+            return sys.modules[f"{self.alias}.{name.partition('.')[0]}"]  # `import a.b` binds `a`
+        return builtins.__import__(name, globals, locals, fromlist, level)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(self.alias + "."):
+            return None
+        parts = fullname[len(self.alias) + 1:].split(".")
+        if parts[0] not in self.local:
+            return None
+        for root in self.search_roots:
+            spec = self._spec_under(root, parts, fullname)
+            if spec is not None:
+                return spec
+        return None
+
+    def _spec_under(self, root: Path, parts: list[str], fullname: str):
+        base = root.joinpath(*parts)
+        if base.is_dir():
+            init = base / "__init__.py"
+            loader = _RevisionLoader(fullname, str(init), self._builtins) if init.exists() else _NamespaceLoader()
+            spec = importlib.util.spec_from_file_location(fullname, str(init) if init.exists() else None,
+                                                          loader=loader, submodule_search_locations=[str(base)])
+            if not init.exists():
+                spec = importlib.machinery.ModuleSpec(fullname, loader, is_package=True)
+                spec.submodule_search_locations = [str(base)]
+            return spec
+        source = base.with_suffix(".py")
+        if source.exists():
+            return importlib.util.spec_from_file_location(
+                fullname, str(source), loader=_RevisionLoader(fullname, str(source), self._builtins))
+        compiled = [p for p in base.parent.glob(f"{base.name}.*") if p.suffix in (".so", ".pyd")]
+        if compiled:
+            raise RevisionError(f"{fullname.split('.', 1)[1]} is a compiled extension ({compiled[0].name}) in the "
+                                f"revision: it cannot be loaded twice into one process")
+        return None
+
+    def load(self, path: Path) -> ModuleType:
+        """REV's module at `path` (a file of the snapshot, e.g. a test file), loaded under the alias."""
+        rel = Path(path).resolve().relative_to(self.root.resolve())
+        name = f"{self.alias}._file_{'_'.join(rel.with_suffix('').parts)}"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, str(path),
+                                                      loader=_RevisionLoader(name, str(path), self._builtins))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
+
+
+class _RevisionLoader(importlib.machinery.SourceFileLoader):
+    def __init__(self, fullname: str, path: str, builtins_: dict):
+        super().__init__(fullname, path)
+        self._builtins_ = builtins_
+
+    def exec_module(self, module: ModuleType) -> None:
+        # Every frame of this module's code looks names up in these builtins, so its `import`
+        # statements, lazy ones in function bodies included, go through the revision's importer.
+        module.__dict__["__builtins__"] = self._builtins_
+        super().exec_module(module)
+
+
+class _NamespaceLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        return None
+
+
+def search_roots(current_root: Path, snapshot_root: Path, sys_path: Iterable[str] | None = None) -> list[Path]:
+    """REV's counterparts of the current process's import roots inside the repository."""
+    current_root = Path(current_root).resolve()
+    roots = [snapshot_root]
+    for entry in sys.path if sys_path is None else sys_path:
+        try:
+            rel = Path(entry or ".").resolve().relative_to(current_root)
+        except ValueError:
+            continue
+        roots.append(Path(snapshot_root) / rel)
+    if (Path(snapshot_root) / "src").is_dir():
+        roots.append(Path(snapshot_root) / "src")
+    return roots
+
+
+def file_sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+class LoadedRevision:
+    """A revision extracted into a temporary folder and importable beside the current code."""
+
+    def __init__(self, current_root: Path, rev: str, sys_path: Iterable[str] | None = None):
+        self.current_root = repo_root(Path(current_root))
+        self.revision = resolve(self.current_root, rev)
+        self.current = working_tree(self.current_root)
+        self._tmp = tempfile.TemporaryDirectory(prefix="bench_core-rev-")
+        self.root = snapshot(self.current_root, self.revision, Path(self._tmp.name))
+        self.importer = RevisionImporter(self.root, search_roots(self.current_root, self.root, sys_path),
+                                         self.revision.commit[:12]).install()
+
+    def counterpart(self, current_file: Path) -> Path:
+        """The file of REV at the place `current_file` has in the current tree."""
+        rel = Path(current_file).resolve().relative_to(self.current_root)
+        return self.root / rel
+
+    def module_for(self, current_file: Path) -> ModuleType:
+        """REV's version of a current module file (a test file); RevisionError when REV lacks it."""
+        path = self.counterpart(current_file)
+        if not path.exists():
+            raise RevisionError(f"{path.relative_to(self.root)} does not exist in {self.revision.label} "
+                                f"({self.revision.commit[:12]})")
+        return self.importer.load(path)
+
+    def ran_from_revision(self, fn: Any) -> bool:
+        """True when `fn`'s code is REV's: its file lies inside the extracted revision."""
+        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+        if code is None and callable(fn):
+            code = getattr(getattr(type(fn), "__call__", None), "__code__", None)
+        return code is not None and Path(code.co_filename).resolve().is_relative_to(self.root.resolve())
+
+    def proof(self, current_file: Path, current_fn: Any, their_fn: Any) -> dict:
+        """Which code each side ran: the test files with their sha256, the functions, and for the revision
+        every project module it loaded and whether its function's code lies inside the extracted revision."""
+        theirs = self.counterpart(current_file)
+        return {"current": {"test_file": str(current_file), "test_file_sha256": file_sha256(current_file),
+                            "function": current_fn.__qualname__},
+                "baseline": {"test_file": str(theirs), "test_file_sha256": file_sha256(theirs),
+                             "function": their_fn.__qualname__, "module": their_fn.__module__,
+                             "code_from_revision": self.ran_from_revision(their_fn),
+                             "project_modules": self.loaded_modules()}}
+
+    def loaded_modules(self) -> dict[str, str | None]:
+        """REV's project modules loaded so far: name -> sha256 of the file they ran from."""
+        prefix = self.importer.alias + "."
+        return {n[len(prefix):]: file_sha256(m.__file__) for n, m in sorted(sys.modules.items())
+                if n.startswith(prefix) and getattr(m, "__file__", None)}
+
+    def close(self) -> None:
+        self.importer.uninstall()
+        self._tmp.cleanup()

@@ -1,0 +1,1 @@
+"""Validation of an optimization: the saved starting state and the correctness checks from it."""
