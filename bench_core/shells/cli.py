@@ -10,11 +10,12 @@ import json
 import sys
 from pathlib import Path
 
-from bench_core.deciding.gate import GateConfig, compare_sets
+from bench_core.deciding.gate import compare_sets
 from bench_core.deciding.verdicts import INCOMPARABLE, SLOWER
 from bench_core.core.errors import BenchError
 from bench_core.output.tables import comparison_table, session_table
 from bench_core.files import storage
+from bench_core.shells import options as opt
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -26,13 +27,16 @@ def _load(arg: str, baselines: Path):
     return storage.load_baseline(baselines, arg)  # a bare name means a stored baseline
 
 
+def _value(ns):
+    """An option's value by its pytest flag (the shared declaration's key); a CLI-less option was not given."""
+    return lambda flag: getattr(ns, opt.BY_FLAG[flag].dest, None)
+
+
 def cmd_compare(ns) -> int:
     try:
-        gate = GateConfig(alpha=ns.alpha, threshold=ns.threshold, run_noise=ns.run_noise, adjust=ns.adjust,
-                          allow_env_mismatch=ns.allow_env_mismatch, min_runs=ns.min_runs,
-                          max_runs=None if ns.max_runs is None else max(ns.min_runs, ns.max_runs), window=ns.window)
-        base = storage.by_scenario(_load(ns.baseline, Path(ns.baselines)))
-        new = storage.by_scenario(_load(ns.new, Path(ns.baselines)))
+        gate = opt.gate_config(_value(ns))
+        base = storage.by_scenario(_load(ns.baseline, Path(ns.bench_baselines)))
+        new = storage.by_scenario(_load(ns.new, Path(ns.bench_baselines)))
         failed = storage.load_errors(Path(ns.new)) if Path(ns.new).exists() else []
     except (BenchError, ValueError) as exc:
         print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
@@ -41,7 +45,7 @@ def cmd_compare(ns) -> int:
     if ns.json:
         print(json.dumps([c.to_dict() for c in comps], indent=1))
     else:
-        print(comparison_table(comps, gate.alpha, wide=ns.wide))
+        print(comparison_table(comps, gate.alpha, wide=ns.bench_wide))
     for e in failed:  # a scenario that errored in the new session is not "missing": it failed
         print(f"bench_core compare: {e.get('scenario')!r} failed in the new session: {e.get('problem')}",
               file=sys.stderr)
@@ -56,14 +60,14 @@ def cmd_compare(ns) -> int:
 
 def cmd_show(ns) -> int:
     try:
-        runs = _load(ns.file, Path(ns.baselines))
+        runs = _load(ns.file, Path(ns.bench_baselines))
     except (BenchError, ValueError) as exc:
         print(f"bench_core show: unusable input: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for i, run in enumerate(runs):
         if len(runs) > 1:
             print(f"run {i + 1} of {len(runs)}")
-        print(session_table(run, wide=ns.wide))
+        print(session_table(run, wide=ns.bench_wide))
     return EXIT_OK
 
 
@@ -72,10 +76,10 @@ def cmd_baseline(ns) -> int:
 
     try:
         if ns.action == "list":
-            rows = storage.baseline_runs(Path(ns.baselines), ns.name)
+            rows = storage.baseline_runs(Path(ns.bench_baselines), ns.name)
             print(tabulate(rows, headers="keys", disable_numparse=True))
         else:
-            path, left = storage.drop_run(Path(ns.baselines), ns.name, ns.run)
+            path, left = storage.drop_run(Path(ns.bench_baselines), ns.name, ns.run)
             print(f"run {ns.run} dropped from {path}; {left} run(s) left")
     except (BenchError, ValueError) as exc:
         print(f"bench_core baseline: {exc}", file=sys.stderr)
@@ -90,27 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="compare NEW against BASELINE (files, or names under --baselines)")
     c.add_argument("baseline")
     c.add_argument("new")
-    c.add_argument("--baselines", default="baselines")
-    d = GateConfig()
-    c.add_argument("--alpha", type=float, default=d.alpha)
-    c.add_argument("--threshold", type=float, default=d.threshold)
-    c.add_argument("--run-noise", type=float, default=d.run_noise,
-                   help="fallback run-to-run spread, used when the baseline is too small to fit its own")
-    c.add_argument("--min-runs", type=int, default=d.min_runs,
-                   help="candidate runs (separate processes) before slower/faster can be said (1: one run decides)")
-    c.add_argument("--max-runs", type=int, default=None,
-                   help="the replication budget the looks are planned for (alpha is split over them); "
-                        "default 7, or --min-runs if more")
-    c.add_argument("--window", type=int, default=None, help="compare with the latest N baseline runs only")
-    c.add_argument("--adjust", choices=("holm", "bonferroni", "bh"), default=d.adjust)
-    c.add_argument("--allow-env-mismatch", action="store_true")
+    opt.add_to_cli(c, opt.BASELINES, opt.ALPHA, opt.THRESHOLD, opt.RUN_NOISE, opt.MIN_RUNS, opt.MAX_RUNS, opt.WINDOW,
+                   opt.ADJUST, opt.ALLOW_ENV)
     c.add_argument("--json", action="store_true", help="print the comparisons as JSON")
-    c.add_argument("--wide", action="store_true", help="every column, notes unwrapped (default: fit 120 columns)")
+    opt.add_to_cli(c, opt.WIDE)
     c.set_defaults(func=cmd_compare)
     s = sub.add_parser("show", help="print the results table of a session file or a baseline (every run)")
     s.add_argument("file")
-    s.add_argument("--baselines", default="baselines")
-    s.add_argument("--wide", action="store_true", help="every column (default: fit 120 columns)")
+    opt.add_to_cli(s, opt.BASELINES, opt.WIDE)
     s.set_defaults(func=cmd_show)
     b = sub.add_parser("baseline", help="a stored baseline's runs: list them, or drop one (rewritten atomically)")
     bsub = b.add_subparsers(dest="action", required=True)
@@ -120,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("name")
     bd.add_argument("run", type=int)
     for parser in (bl, bd):
-        parser.add_argument("--baselines", default="baselines")
+        opt.add_to_cli(parser, opt.BASELINES)
     b.set_defaults(func=cmd_baseline)
     return ap
 

@@ -8,51 +8,7 @@ from pathlib import Path
 
 import pytest
 
-OPT_GPU = "--gpu"
-OPT_WARMUP = "--bench-warmup"
-OPT_REPEATS = "--bench-repeats"
-OPT_QUICK = "--bench-quick"
-OPT_THREADS = "--bench-threads"
-OPT_OUT = "--bench-out"
-OPT_NO_OUT = "--bench-no-out"
-OPT_SAVE = "--bench-save"
-OPT_APPEND = "--bench-append"
-OPT_SAVE_INCOMPLETE = "--bench-save-incomplete"
-OPT_COMPARE = "--bench-compare"
-OPT_BASELINES = "--bench-baselines"
-OPT_THRESHOLD = "--bench-threshold"
-OPT_ALPHA = "--bench-alpha"
-OPT_RUN_NOISE = "--bench-run-noise"
-OPT_ALLOW_ENV = "--bench-allow-env-mismatch"
-OPT_MIN_RUNS = "--bench-min-runs"
-OPT_MAX_RUNS = "--bench-max-runs"
-OPT_WINDOW = "--bench-baseline-window"
-OPT_PB_JSON = "--bench-pb-json"
-OPT_PROFILE = "--bench-profile"
-OPT_REF_SAVE = "--bench-ref-save"
-OPT_REFS = "--bench-references"
-OPT_PROFILE_SHAPES = "--bench-profile-shapes"
-OPT_PROFILE_MEMORY = "--bench-profile-memory"
-OPT_PROFILE_STACK = "--bench-profile-stack"
-OPT_PROFILE_FLOPS = "--bench-profile-flops"
-OPT_PROFILE_TB = "--bench-profile-tensorboard"
-OPT_PROFILE_REFUSE = "--bench-profile-refuse-sensitive"
-OPT_TIMEOUT = "--bench-timeout"
-OPT_STRICT = "--bench-strict"
-OPT_MD = "--bench-md"
-OPT_WIDE = "--bench-wide"
-OPT_PLOTS = "--bench-plots"
-OPT_FLOPS = "--bench-flops"
-OPT_PEAK = "--bench-peak-tflops"
-OPT_AGAINST = "--bench-against"
-OPT_ROUNDS = "--bench-rounds"
-OPT_PAIRS = "--bench-pairs"
-OPT_WORKER_PAIRS = "--bench-worker-pairs"
-OPT_MAX_ROUNDS = "--bench-max-rounds"
-OPT_NPROC = "--bench-nproc"
-OPT_NNODES = "--bench-nnodes"
-OPT_NODE_RANK = "--bench-node-rank"
-OPT_RDZV = "--bench-rdzv-endpoint"
+from bench_core.shells import options as opt
 
 _KEY = pytest.StashKey["object"]()
 _STORED = pytest.StashKey["object"]()   # finish()'s lines, or the exception that stopped it
@@ -60,196 +16,37 @@ GPU_MARKER = "gpu"
 
 
 def pytest_addoption(parser):
-    g = parser.getgroup("bench_core", "bench_core benchmarks")
-    g.addoption(OPT_GPU, action="store_true", help="run scenarios on CUDA; stop at once if CUDA is not available")
-    g.addoption(OPT_WARMUP, type=int, default=None, help="untimed warmup calls per scenario (overrides scenarios)")
-    g.addoption(OPT_REPEATS, type=int, default=None, help="timed samples per scenario (overrides scenarios)")
-    g.addoption(OPT_QUICK, action="store_true", help="smoke run: smallest sizes, 1 warmup, 5 samples")
-    g.addoption(OPT_THREADS, default=None, metavar="N|auto",
-                help="torch CPU threads; on the CPU the default is 1 (on a loaded runner more threads split the "
-                     "samples into clusters); 'auto' keeps torch's own default; recorded in every result")
-    g.addoption(OPT_OUT, default=".bench/results", help="folder for the session's JSON results (never overwritten)")
-    g.addoption(OPT_NO_OUT, action="store_true", help="write no session JSON")
-    g.addoption(OPT_SAVE, metavar="NAME", default=None, help="store this session as baseline NAME")
-    g.addoption(OPT_APPEND, action="store_true", help="with --bench-save: add this session as another run of NAME")
-    g.addoption(OPT_SAVE_INCOMPLETE, action="store_true",
-                help="with --bench-save: store the session even when it was interrupted or a test failed")
-    g.addoption(OPT_COMPARE, metavar="NAME", default=None, help="gate every scenario against baseline NAME")
-    g.addoption(OPT_BASELINES, default="baselines", help="folder of stored baselines")
-    g.addoption(OPT_THRESHOLD, type=float, default=None, help="default noise threshold, a fraction (0.05 = 5%%)")
-    g.addoption(OPT_ALPHA, type=float, default=None, help="family-wise significance level of the gate")
-    g.addoption(OPT_RUN_NOISE, type=float, default=None,
-                help="fallback run-to-run spread, a fraction, for a baseline too small to fit its own")
-    g.addoption(OPT_MIN_RUNS, type=int, default=None,
-                help="processes (this one + fresh ones) before the gate says slower or faster (3; 1: this one decides)")
-    g.addoption(OPT_MAX_RUNS, type=int, default=None,
-                help="the gate's replication budget: a possible slowdown is measured in fresh processes up to "
-                     "this many runs in all (7)")
-    g.addoption(OPT_WINDOW, type=int, default=None, metavar="N",
-                help="compare with the latest N runs of the baseline (a rolling window; the noise prior uses all)")
-    g.addoption(OPT_ALLOW_ENV, action="store_true", help="compare even when the environments differ")
-    g.addoption(OPT_MD, metavar="PATH", default=None,
-                help="append a Markdown report here (e.g. \"$GITHUB_STEP_SUMMARY\"): verdicts first, then tables")
-    g.addoption(OPT_WIDE, action="store_true",
-                help="tables with every column and notes unwrapped (by default they fit 120 columns)")
-    g.addoption(OPT_PLOTS, metavar="DIR", default=None,
-                help="write a distribution plot per scenario (this run, baseline runs, A and B) to DIR "
-                     "(needs matplotlib: pip install -e \".[plots]\")")
-    g.addoption(OPT_FLOPS, action="store_true",
-                help="count each step's FLOPs once after its window (torch's FLOP counter) and report achieved "
-                     "FLOP/s and the share of the peak")
-    g.addoption(OPT_PEAK, type=float, default=None, metavar="TFLOPS",
-                help="the device's peak for utilization (default: a known GPU's for the dtype, or on the CPU a "
-                     "matmul peak measured once)")
-    g.addoption(OPT_STRICT, action="store_true",
-                help="with a comparison: inconclusive and incomparable fail their test items too")
-    g.addoption(OPT_TIMEOUT, type=float, default=600.0,
-                help="seconds a scenario may take, everything included; a hang fails it by name (0: no limit)")
-    g.addoption(OPT_AGAINST, metavar="REV", default=None,
-                help="measure every scenario side by side with git revision REV in this run, and decide each")
-    g.addoption(OPT_ROUNDS, type=int, default=None, help="with --bench-against: rounds of fresh instances (12)")
-    g.addoption(OPT_PAIRS, type=int, default=None, help="with --bench-against: alternated pairs per round (4)")
-    g.addoption(OPT_WORKER_PAIRS, type=int, default=None, metavar="N",
-                help="with --bench-against, for code that cannot be loaded twice into one process: pairs of worker "
-                     "processes, the unit of evidence there (6; 3 under --bench-quick); each pair serves every such "
-                     "scenario in turn")
-    g.addoption(OPT_MAX_ROUNDS, type=int, default=None,
-                help="with --bench-against: a possible slowdown the first look leaves undecided runs on, a look every "
-                     "--bench-rounds rounds, up to this many (3 x --bench-rounds; equal to it: one look)")
-    g.addoption(OPT_NPROC, type=int, default=None, metavar="N",
-                help="distributed scenarios: ranks on this host (default: each scenario's own, 2); under --gpu one GPU "
-                     "per rank")
-    g.addoption(OPT_NNODES, type=int, default=1, metavar="N",
-                help="distributed scenarios over N hosts: run the same suite on each, with the same "
-                     f"{OPT_RDZV}; needs {OPT_NPROC}")
-    g.addoption(OPT_NODE_RANK, type=int, default=0, metavar="K", help="this host's index among --bench-nnodes (0: "
-                                                                    "hosts the rendezvous)")
-    g.addoption(OPT_RDZV, default=None, metavar="HOST:PORT",
-                help="where the hosts of a multi-host run meet (node 0's address and a free port)")
-    g.addoption(OPT_PB_JSON, default=None, help="also write the results in pytest-benchmark's JSON format here")
-    g.addoption(OPT_REF_SAVE, action="store_true",
-                help="save reference files (starting state + baseline outputs) for bench.reference checks")
-    g.addoption(OPT_REFS, default="references", help="folder of reference files")
-    g.addoption(OPT_PROFILE, metavar="DIR", default=None,
-                help="diagnose: after each measurement, one profiler pass; traces and hypotheses go to DIR")
-    g.addoption(OPT_PROFILE_SHAPES, action="store_true", help="diagnose: record input shapes (adds cost)")
-    g.addoption(OPT_PROFILE_MEMORY, action="store_true", help="diagnose: profile memory, and show memory by op")
-    g.addoption(OPT_PROFILE_STACK, action="store_true", help="diagnose: record Python stacks (adds cost)")
-    g.addoption(OPT_PROFILE_FLOPS, action="store_true",
-                help="diagnose: the profiler's FLOP estimates (matmuls, 2D convolutions), a FLOPs-sorted table")
-    g.addoption(OPT_PROFILE_TB, action="store_true", help="diagnose: also write for the TensorBoard profiler plugin")
-    g.addoption(OPT_PROFILE_REFUSE, action="store_true",
-                help="diagnose: refuse to write a trace holding sensitive strings, instead of redacting them")
+    opt.add_to_pytest(parser.getgroup("bench_core", "bench_core benchmarks"))
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", f"{GPU_MARKER}: needs a CUDA device; skipped without {OPT_GPU}")
+    config.addinivalue_line("markers", f"{GPU_MARKER}: needs a CUDA device; skipped without {opt.GPU}")
     if not _active(config):
         return
-    from bench_core.deciding.gate import GateConfig
-    from bench_core.files.machine import fingerprint
     from bench_core.core.errors import BenchError
-    from bench_core.session import AgainstConfig, BenchSession, SessionConfig
+    from bench_core.files.machine import fingerprint
+    from bench_core.session import BenchSession
     from bench_core.timing.devices import cuda_available
 
-    device = "cuda" if config.getoption(OPT_GPU) else "cpu"
+    device = "cuda" if config.getoption(opt.GPU) else "cpu"
     if device == "cuda" and not cuda_available():
         raise pytest.UsageError(
             "--gpu was given but CUDA is not available (no driver, no device, or a CPU-only torch build). "
             "Refusing to run on the CPU instead: a GPU run must never pass by quietly measuring the CPU."
         )
-    gate_kw = {k: v for k, v in (("threshold", config.getoption(OPT_THRESHOLD)), ("alpha", config.getoption(OPT_ALPHA)),
-                                 ("run_noise", config.getoption(OPT_RUN_NOISE)),
-                                 ("min_runs", config.getoption(OPT_MIN_RUNS)),
-                                 ("max_runs", config.getoption(OPT_MAX_RUNS)),
-                                 ("window", config.getoption(OPT_WINDOW))) if v is not None}
     try:
-        gate = GateConfig(allow_env_mismatch=config.getoption(OPT_ALLOW_ENV), **gate_kw)
         root = Path(str(config.rootpath))
-        prof = None
-        folder = config.getoption(OPT_PROFILE)
-        if folder and Path(folder).exists() and not Path(folder).is_dir():  # found now, not after measuring
-            raise ValueError(f"{OPT_PROFILE} {folder}: is a file; give a folder for the traces")
-        if config.getoption(OPT_PROFILE):
-            from bench_core.workflows.diagnose.profile import ProfileConfig, check_cuda_profiling
-
-            if device == "cuda":
-                check_cuda_profiling()
-            prof = ProfileConfig(folder=Path(config.getoption(OPT_PROFILE)), device=device,
-                                 record_shapes=config.getoption(OPT_PROFILE_SHAPES),
-                                 profile_memory=config.getoption(OPT_PROFILE_MEMORY),
-                                 with_stack=config.getoption(OPT_PROFILE_STACK),
-                                 with_flops=config.getoption(OPT_PROFILE_FLOPS),
-                                 tensorboard=config.getoption(OPT_PROFILE_TB),
-                                 refuse_sensitive=config.getoption(OPT_PROFILE_REFUSE))
-        against = None
-        if config.getoption(OPT_AGAINST) is not None:
-            kw = {k: v for k, v in (("rounds", config.getoption(OPT_ROUNDS)), ("pairs", config.getoption(OPT_PAIRS)),
-                                    ("max_rounds", config.getoption(OPT_MAX_ROUNDS)),
-                                    ("processes", config.getoption(OPT_WORKER_PAIRS)),
-                                    ("quick_processes", config.getoption(OPT_WORKER_PAIRS)),
-                                    ("threshold", config.getoption(OPT_THRESHOLD))) if v is not None}
-            against = AgainstConfig(config.getoption(OPT_AGAINST), **kw)
-        scfg = SessionConfig(
-            device=device, warmup=config.getoption(OPT_WARMUP), repeats=config.getoption(OPT_REPEATS),
-            quick=config.getoption(OPT_QUICK), threads=_threads(config.getoption(OPT_THREADS), device),
-            results_dir=None if config.getoption(OPT_NO_OUT) else root / config.getoption(OPT_OUT),
-            baselines_dir=root / config.getoption(OPT_BASELINES), save=config.getoption(OPT_SAVE),
-            append=config.getoption(OPT_APPEND), save_incomplete=config.getoption(OPT_SAVE_INCOMPLETE),
-            compare=config.getoption(OPT_COMPARE),
-            pb_json=config.getoption(OPT_PB_JSON), gate=gate, profile=prof,
-            references_dir=root / config.getoption(OPT_REFS), save_references=config.getoption(OPT_REF_SAVE),
-            against=against, timeout_s=config.getoption(OPT_TIMEOUT) or None, strict=config.getoption(OPT_STRICT),
-            markdown=Path(config.getoption(OPT_MD)) if config.getoption(OPT_MD) else None,
-            wide=config.getoption(OPT_WIDE),
-            plots=root / config.getoption(OPT_PLOTS) if config.getoption(OPT_PLOTS) else None,
-            count_flops=config.getoption(OPT_FLOPS), peak_tflops=config.getoption(OPT_PEAK),
-            topology=_topology(config),
-        )
-        if scfg.plots is not None:  # found now, not after minutes of measuring
-            from bench_core.output.plots import NEEDS, available
-
-            if not available():
-                raise ValueError(f"{OPT_PLOTS}: {NEEDS}")
+        scfg = opt.session_config(config.getoption, root, device)
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
         if config.getoption("verbose") > -2:   # -qq silences it
             from bench_core.output.progress import Progress
 
             session.progress = Progress(lambda line: _progress_line(config, line))
-        if against is not None:
+        if scfg.against is not None:
             session.open_revision(root)
         config.stash[_KEY] = session
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
-
-
-CPU_DEFAULT_THREADS = 1
-
-
-def _topology(config):
-    """The command line's placement of distributed ranks, or None: each scenario's own world size, one host."""
-    from bench_core.workflows.distributed.launch import Topology
-
-    nproc, nnodes = config.getoption(OPT_NPROC), config.getoption(OPT_NNODES)
-    endpoint, node_rank = config.getoption(OPT_RDZV), config.getoption(OPT_NODE_RANK)
-    if nproc is None:
-        if nnodes != 1 or endpoint is not None or node_rank != 0:
-            raise ValueError(f"{OPT_NNODES}, {OPT_NODE_RANK} and {OPT_RDZV} place ranks on several hosts: give "
-                             f"{OPT_NPROC} too (ranks per host, the same on every host)")
-        return None
-    return Topology(nproc, nnodes, node_rank, endpoint)
-
-
-def _threads(value, device: str) -> int | None:
-    """--bench-threads: a count, 'auto' (torch's default), or unset: one thread on the CPU, where torch's default
-    on a loaded shared runner split samples into two clusters 30x apart; torch's default on a GPU run."""
-    if value is None:
-        return CPU_DEFAULT_THREADS if device == "cpu" else None
-    if str(value).lower() == "auto":
-        return None
-    if not str(value).isdigit() or int(value) < 1:
-        raise ValueError(f"{OPT_THREADS} takes a positive count or 'auto', got {value!r}")
-    return int(value)
 
 
 def _progress_line(config, line: str) -> None:
@@ -270,8 +67,8 @@ def _session(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption(OPT_GPU):
-        skip = pytest.mark.skip(reason=f"needs a CUDA device: run with {OPT_GPU}")
+    if not config.getoption(opt.GPU):
+        skip = pytest.mark.skip(reason=f"needs a CUDA device: run with {opt.GPU}")
         for item in items:
             if GPU_MARKER in item.keywords:
                 item.add_marker(skip)
@@ -350,8 +147,8 @@ class BenchFixture:
 
         session = self._session
         if session.revision is not None:
-            pytest.skip(f"{OPT_AGAINST} does not compare distributed scenarios yet; gate them against a stored "
-                        f"baseline ({OPT_COMPARE})")
+            pytest.skip(f"{opt.AGAINST} does not compare distributed scenarios yet; gate them against a stored "
+                        f"baseline ({opt.COMPARE})")
         self._skip_without_gpus(scenario.name, nproc)
         try:
             m, c = session.run_distributed(scenario, build, nproc=nproc, params=params, **kwargs)
@@ -522,7 +319,7 @@ class BenchFixture:
             rep = self._session.reference(name, variant, state, model, optimizer, steps=steps, tolerance=tolerance)
         except StorageError as exc:
             if exc.problem.startswith("no reference"):
-                pytest.skip(f"{exc}: record one with {OPT_REF_SAVE}")
+                pytest.skip(f"{exc}: record one with {opt.REF_SAVE}")
             raise
         if rep is None:
             return None

@@ -1,0 +1,246 @@
+"""Every command-line option of bench_core, declared once.
+
+The pytest plugin adds them all; the CLI adds the ones it shares (`Option.cli`), under its own shorter names,
+with the same help, type and meaning. Where a setting has a default in a config object (`GateConfig`,
+`AgainstConfig`), the option's default is None ("not given") and its help quotes the config's own default, so
+the two shells cannot drift apart. The config objects are built here too, from whichever shell's values.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from bench_core.deciding.gate import DEFAULT_MAX_RUNS, GateConfig
+
+GATE = GateConfig()
+CPU_DEFAULT_THREADS = 1
+
+
+def _against_default(name: str) -> Any:
+    from bench_core.session import AgainstConfig
+
+    return {f.name: f.default for f in dataclasses.fields(AgainstConfig)}[name]
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str                           # the pytest flag
+    help: str
+    type: Callable[[str], Any] | None = None   # None: a switch
+    default: Any = None
+    metavar: str | None = None
+    cli: str | None = None              # the CLI's flag, for an option the CLI shares
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def kwargs(self) -> dict:
+        text = self.help.replace("%", "%%")   # both shells format help texts with %
+        if self.type is None:
+            return {"action": "store_true", "default": False, "help": text, "dest": self.dest}
+        kw = {"type": self.type, "default": self.default, "help": text, "dest": self.dest}
+        kw.update({k: v for k, v in (("metavar", self.metavar), ("choices", self.choices)) if v is not None})
+        return kw
+
+
+GPU, QUICK, WARMUP, REPEATS, THREADS = "--gpu", "--bench-quick", "--bench-warmup", "--bench-repeats", "--bench-threads"
+OUT, NO_OUT, SAVE, APPEND, SAVE_INCOMPLETE = ("--bench-out", "--bench-no-out", "--bench-save", "--bench-append",
+                                              "--bench-save-incomplete")
+COMPARE, BASELINES, THRESHOLD, ALPHA, RUN_NOISE = ("--bench-compare", "--bench-baselines", "--bench-threshold",
+                                                   "--bench-alpha", "--bench-run-noise")
+MIN_RUNS, MAX_RUNS, WINDOW, ALLOW_ENV, ADJUST = ("--bench-min-runs", "--bench-max-runs", "--bench-baseline-window",
+                                                 "--bench-allow-env-mismatch", "--bench-adjust")
+MD, WIDE, PLOTS, FLOPS, PEAK, STRICT, TIMEOUT = ("--bench-md", "--bench-wide", "--bench-plots", "--bench-flops",
+                                                 "--bench-peak-tflops", "--bench-strict", "--bench-timeout")
+AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-rounds", "--bench-pairs",
+                                                    "--bench-worker-pairs", "--bench-max-rounds")
+NPROC, NNODES, NODE_RANK, RDZV = "--bench-nproc", "--bench-nnodes", "--bench-node-rank", "--bench-rdzv-endpoint"
+PB_JSON, REF_SAVE, REFS = "--bench-pb-json", "--bench-ref-save", "--bench-references"
+PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK = ("--bench-profile", "--bench-profile-shapes",
+                                                          "--bench-profile-memory", "--bench-profile-stack")
+PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE = ("--bench-profile-flops", "--bench-profile-tensorboard",
+                                             "--bench-profile-refuse-sensitive")
+
+
+def _options() -> tuple[Option, ...]:
+    a = _against_default
+    return (
+        Option(GPU, "run scenarios on CUDA; stop at once if CUDA is not available"),
+        Option(WARMUP, "untimed warmup calls per scenario (overrides scenarios)", int),
+        Option(REPEATS, "timed samples per scenario (overrides scenarios)", int),
+        Option(QUICK, "smoke run: smallest sizes, 1 warmup, 5 samples"),
+        Option(THREADS, f"torch CPU threads; on the CPU the default is {CPU_DEFAULT_THREADS} (on a loaded runner more "
+                        "threads split the samples into clusters); 'auto' keeps torch's own default; recorded in every "
+                        "result", str, metavar="N|auto"),
+        Option(OUT, "folder for the session's JSON results (never overwritten)", str, ".bench/results"),
+        Option(NO_OUT, "write no session JSON"),
+        Option(SAVE, "store this session as baseline NAME", str, metavar="NAME"),
+        Option(APPEND, "with --bench-save: add this session as another run of NAME"),
+        Option(SAVE_INCOMPLETE, "with --bench-save: store the session even when it was interrupted or a test failed"),
+        Option(COMPARE, "gate every scenario against baseline NAME", str, metavar="NAME"),
+        Option(BASELINES, "folder of stored baselines", str, "baselines", cli="--baselines"),
+        Option(THRESHOLD, f"default noise threshold, a fraction ({GATE.threshold}; --bench-against: "
+                          f"{a('threshold')})", float, cli="--threshold"),
+        Option(ALPHA, f"family-wise significance level of the gate ({GATE.alpha})", float, cli="--alpha"),
+        Option(RUN_NOISE, f"fallback run-to-run spread, a fraction, for a baseline too small to fit its own "
+                          f"({GATE.run_noise})", float, cli="--run-noise"),
+        Option(MIN_RUNS, f"processes (this one + fresh ones, or the runs of a session file) before the gate says "
+                         f"slower or faster ({GATE.min_runs}; 1: one run decides)", int, cli="--min-runs"),
+        Option(MAX_RUNS, f"the gate's replication budget: a possible slowdown is measured in fresh processes up to "
+                         f"this many runs in all, and alpha is split over the looks it plans ({DEFAULT_MAX_RUNS}, or "
+                         f"the min-runs if more)", int, cli="--max-runs"),
+        Option(WINDOW, "compare with the latest N runs of the baseline (a rolling window; the noise prior uses all)",
+               int, metavar="N", cli="--window"),
+        Option(ALLOW_ENV, "compare even when the environments differ", cli="--allow-env-mismatch"),
+        Option(ADJUST, f"how p-values are adjusted over the scenarios compared together ({GATE.adjust})", str,
+               choices=("holm", "bonferroni", "bh"), cli="--adjust"),
+        Option(MD, "append a Markdown report here (e.g. \"$GITHUB_STEP_SUMMARY\"): verdicts first, then tables", str,
+               metavar="PATH"),
+        Option(WIDE, "tables with every column and notes unwrapped (by default they fit 120 columns)", cli="--wide"),
+        Option(PLOTS, "write a distribution plot per scenario (this run, baseline runs, A and B) to DIR (needs "
+                      "matplotlib: pip install -e \".[plots]\")", str, metavar="DIR"),
+        Option(FLOPS, "count each step's FLOPs once after its window (torch's FLOP counter) and report achieved "
+                      "FLOP/s and the share of the peak"),
+        Option(PEAK, "the device's peak for utilization (default: a known GPU's for the dtype, or on the CPU a matmul "
+                     "peak measured once)", float, metavar="TFLOPS"),
+        Option(STRICT, "with a comparison: inconclusive and incomparable fail their test items too"),
+        Option(TIMEOUT, "seconds a scenario may take, everything included; a hang fails it by name (0: no limit)",
+               float, 600.0),
+        Option(AGAINST, "measure every scenario side by side with git revision REV in this run, and decide each",
+               str, metavar="REV"),
+        Option(ROUNDS, f"with --bench-against: rounds of fresh instances ({a('rounds')})", int),
+        Option(PAIRS, f"with --bench-against: alternated pairs per round ({a('pairs')})", int),
+        Option(WORKER_PAIRS, f"with --bench-against, for code that cannot be loaded twice into one process: pairs of "
+                             f"worker processes, the unit of evidence there ({a('processes')}; {a('quick_processes')} "
+                             f"under --bench-quick); each pair serves every such scenario in turn", int, metavar="N"),
+        Option(MAX_ROUNDS, "with --bench-against: a possible slowdown the first look leaves undecided runs on, a look "
+                           "every --bench-rounds rounds, up to this many (3 x --bench-rounds; equal to it: one look)",
+               int),
+        Option(NPROC, "distributed scenarios: ranks on this host (default: each scenario's own, 2); under --gpu one "
+                      "GPU per rank", int, metavar="N"),
+        Option(NNODES, f"distributed scenarios over N hosts: run the same suite on each, with the same {RDZV}; needs "
+                       f"{NPROC}", int, 1, metavar="N"),
+        Option(NODE_RANK, "this host's index among --bench-nnodes (0: hosts the rendezvous)", int, 0, metavar="K"),
+        Option(RDZV, "where the hosts of a multi-host run meet (node 0's address and a free port)", str,
+               metavar="HOST:PORT"),
+        Option(PB_JSON, "also write the results in pytest-benchmark's JSON format here", str),
+        Option(REF_SAVE, "save reference files (starting state + baseline outputs) for bench.reference checks"),
+        Option(REFS, "folder of reference files", str, "references"),
+        Option(PROFILE, "diagnose: after each measurement, one profiler pass; traces and hypotheses go to DIR", str,
+               metavar="DIR"),
+        Option(PROFILE_SHAPES, "diagnose: record input shapes (adds cost)"),
+        Option(PROFILE_MEMORY, "diagnose: profile memory, and show memory by op"),
+        Option(PROFILE_STACK, "diagnose: record Python stacks (adds cost)"),
+        Option(PROFILE_FLOPS, "diagnose: the profiler's FLOP estimates (matmuls, 2D convolutions), a FLOPs-sorted "
+                              "table"),
+        Option(PROFILE_TB, "diagnose: also write for the TensorBoard profiler plugin"),
+        Option(PROFILE_REFUSE, "diagnose: refuse to write a trace holding sensitive strings, instead of redacting "
+                               "them"),
+    )
+
+
+OPTIONS = _options()
+BY_FLAG = {o.flag: o for o in OPTIONS}
+
+
+def add_to_pytest(group) -> None:
+    for o in OPTIONS:
+        group.addoption(o.flag, **o.kwargs())
+
+
+def add_to_cli(parser, *flags: str) -> None:
+    """The shared options `flags` (pytest names), under their CLI names."""
+    for flag in flags:
+        o = BY_FLAG[flag]
+        parser.add_argument(o.cli, **o.kwargs())
+
+
+Values = Callable[[str], Any]   # an option's value by its pytest flag, from either shell
+
+
+def gate_config(value: Values) -> GateConfig:
+    """The gate's settings: each one given on the command line, else the config's own default."""
+    given = {k: value(flag) for k, flag in (("threshold", THRESHOLD), ("alpha", ALPHA), ("run_noise", RUN_NOISE),
+                                            ("min_runs", MIN_RUNS), ("max_runs", MAX_RUNS), ("window", WINDOW),
+                                            ("adjust", ADJUST))}
+    return GateConfig(allow_env_mismatch=value(ALLOW_ENV), **{k: v for k, v in given.items() if v is not None})
+
+
+def threads(value: str | None, device: str) -> int | None:
+    """--bench-threads: a count, 'auto' (torch's default), or unset: one thread on the CPU, where torch's default
+    on a loaded shared runner split samples into two clusters; torch's default on a GPU run."""
+    if value is None:
+        return CPU_DEFAULT_THREADS if device == "cpu" else None
+    if str(value).lower() == "auto":
+        return None
+    if not str(value).isdigit() or int(value) < 1:
+        raise ValueError(f"{THREADS} takes a positive count or 'auto', got {value!r}")
+    return int(value)
+
+
+def topology(value: Values):
+    """The command line's placement of distributed ranks, or None: each scenario's own world size, one host."""
+    from bench_core.workflows.distributed.launch import Topology
+
+    nproc, nnodes, endpoint, node_rank = value(NPROC), value(NNODES), value(RDZV), value(NODE_RANK)
+    if nproc is None:
+        if nnodes != 1 or endpoint is not None or node_rank != 0:
+            raise ValueError(f"{NNODES}, {NODE_RANK} and {RDZV} place ranks on several hosts: give {NPROC} too "
+                             f"(ranks per host, the same on every host)")
+        return None
+    return Topology(nproc, nnodes, node_rank, endpoint)
+
+
+def profile_config(value: Values, device: str):
+    """The diagnose pass's settings, or None; a folder that is a file is refused now, not after measuring."""
+    folder = value(PROFILE)
+    if not folder:
+        return None
+    if Path(folder).exists() and not Path(folder).is_dir():
+        raise ValueError(f"{PROFILE} {folder}: is a file; give a folder for the traces")
+    from bench_core.workflows.diagnose.profile import ProfileConfig, check_cuda_profiling
+
+    if device == "cuda":
+        check_cuda_profiling()
+    return ProfileConfig(folder=Path(folder), device=device, record_shapes=value(PROFILE_SHAPES),
+                         profile_memory=value(PROFILE_MEMORY), with_stack=value(PROFILE_STACK),
+                         with_flops=value(PROFILE_FLOPS), tensorboard=value(PROFILE_TB),
+                         refuse_sensitive=value(PROFILE_REFUSE))
+
+
+def against_config(value: Values):
+    if value(AGAINST) is None:
+        return None
+    from bench_core.session import AgainstConfig
+
+    kw = {k: value(flag) for k, flag in (("rounds", ROUNDS), ("pairs", PAIRS), ("max_rounds", MAX_ROUNDS),
+                                         ("processes", WORKER_PAIRS), ("quick_processes", WORKER_PAIRS),
+                                         ("threshold", THRESHOLD))}
+    return AgainstConfig(value(AGAINST), **{k: v for k, v in kw.items() if v is not None})
+
+
+def session_config(value: Values, root: Path, device: str):
+    """The whole session's configuration from the command line; paths are relative to `root`."""
+    from bench_core.session import SessionConfig
+
+    cfg = SessionConfig(
+        device=device, warmup=value(WARMUP), repeats=value(REPEATS), quick=value(QUICK),
+        threads=threads(value(THREADS), device),
+        results_dir=None if value(NO_OUT) else root / value(OUT), baselines_dir=root / value(BASELINES),
+        save=value(SAVE), append=value(APPEND), save_incomplete=value(SAVE_INCOMPLETE), compare=value(COMPARE),
+        pb_json=value(PB_JSON), gate=gate_config(value), profile=profile_config(value, device),
+        references_dir=root / value(REFS), save_references=value(REF_SAVE), against=against_config(value),
+        timeout_s=value(TIMEOUT) or None, strict=value(STRICT),
+        markdown=Path(value(MD)) if value(MD) else None, wide=value(WIDE),
+        plots=root / value(PLOTS) if value(PLOTS) else None, count_flops=value(FLOPS), peak_tflops=value(PEAK),
+        topology=topology(value))
+    if cfg.plots is not None:   # found now, not after minutes of measuring
+        from bench_core.output.plots import NEEDS, available
+
+        if not available():
+            raise ValueError(f"{PLOTS}: {NEEDS}")
+    return cfg
