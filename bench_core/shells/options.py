@@ -43,7 +43,10 @@ class Option:
         if self.type is None:
             return {"action": "store_true", "default": False, "help": text, "dest": self.dest}
         kw = {"type": self.type, "default": self.default, "help": text, "dest": self.dest}
-        kw.update({k: v for k, v in (("metavar", self.metavar), ("choices", self.choices)) if v is not None})
+        if self.choices is not None:
+            kw["choices"] = self.choices
+        else:   # the value's name, not the destination's: NAME rather than BENCH_SAVE
+            kw["metavar"] = self.metavar or self.dest.removeprefix("bench_").upper()
         return kw
 
 
