@@ -34,7 +34,7 @@ import sys, torch
 from bench_core import Scenario, measure
 from bench_core.files import storage
 from bench_core.files.machine import fingerprint
-from bench_core.session import DEFAULT_WARMUP, DEFAULT_REPEATS
+from bench_core.timing.counts import DEFAULT_REPEATS, DEFAULT_WARMUP
 torch.manual_seed(0)
 factor, out = float(sys.argv[1]), sys.argv[2]
 a, b = torch.randn(256, 256), torch.randn(256, 256)

@@ -5,7 +5,8 @@ from collections import Counter
 import pytest
 
 from bench_core.core.redact import describe, redact
-from bench_core.workflows.diagnose.trace_analysis import analyze, facts, hypotheses_table, self_times, top_level
+from bench_core.output.tables import hypotheses_table
+from bench_core.workflows.diagnose.trace_analysis import analyze, facts, self_times, top_level
 
 
 def X(name, ts, dur, cat="cpu_op", tid=1, **args):

@@ -20,7 +20,9 @@ from bench_core import Scenario, measure
 from bench_core.deciding.gate import GateConfig
 from bench_core.timing.protocol import Instance
 from bench_core.workflows.ab import ab, ab_rounds
-from bench_core.session import AgainstConfig, BenchSession, SessionConfig
+from bench_core.session import BenchSession, SessionConfig
+from bench_core.workflows.side_by_side.compare import AgainstConfig
+from bench_core.workflows.side_by_side.revisions import Revision
 from fakes import FakeClock
 from helpers import ENV
 
@@ -103,8 +105,8 @@ def _side_by_side() -> dict:
     s = BenchSession(SessionConfig(results_dir=None, threads=1,
                                    against=AgainstConfig("HEAD", rounds=4, pairs=2, max_rounds=12)),
                      ENV)
-    s.revision = SimpleNamespace(revision=SimpleNamespace(commit="0123456789abcdef", label="HEAD"),
-                                 current=SimpleNamespace(commit="fedcba9876543210", dirty=False))
+    s.revision = SimpleNamespace(revision=Revision("HEAD", "0123456789abcdef"),
+                                 current=Revision("working tree", "fedcba9876543210"))
     s.family_size = 1
     cand = build("candidate", 5.4)
     s.run_against(Scenario("s", ("compute",)), cand(0), cand, build("baseline", 5.0), clock=clock)

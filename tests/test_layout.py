@@ -17,7 +17,7 @@ ALLOWED = {
     "timing": {"core"},
     "deciding": {"core"},
     "files": {"core"},
-    "output": {"core", "deciding", "timing"},
+    "output": {"core", "deciding", "timing", "files"},
     "workflows": {"core", "timing", "deciding", "files", "output"},
     "session": {"core", "timing", "deciding", "files", "output", "workflows"},
     "shells": {"core", "timing", "deciding", "files", "output", "workflows", "session"},

@@ -286,7 +286,8 @@ def test_later_looks_run_only_while_go_on_asks_for_them():
 def against_session(rounds, max_rounds):
     from types import SimpleNamespace
 
-    from bench_core.session import AgainstConfig, BenchSession, SessionConfig
+    from bench_core.session import BenchSession, SessionConfig
+    from bench_core.workflows.side_by_side.compare import AgainstConfig
 
     s = BenchSession(SessionConfig(results_dir=None, against=AgainstConfig("HEAD", rounds=rounds, pairs=2,
                                                                            max_rounds=max_rounds)), {})

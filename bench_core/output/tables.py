@@ -386,3 +386,17 @@ def ranks_table(results: Sequence[Measurement], wide: bool = False) -> str:
         f"its time. One launch's straggler may be one process's bias (several percent on a shared CPU): a slow host "
         f"or device is slow in every launch", "scaling: weak (same batch per rank), median at 1 rank over at N"],
         wide)
+
+
+def hypotheses_table(rows: Sequence, f, fmt: str = "simple") -> str:
+    """A diagnose pass's hypotheses (observation, hypothesis, next check) under what its trace measured (`f`)."""
+    head = (f"{f.steps} profiled steps; step {f.step_us:.0f} us" if f.step_us else f"{f.steps} profiled steps")
+    head += "; GPU busy " + (f"{f.gpu_busy_us:.0f} us/step" if f.gpu_busy_us is not None else "not observed")
+    if f.comm_us is not None:
+        head += f"; collectives {f.comm_us:.0f} us/step, {f.comm_overlap_us or 0.0:.0f} us of it beside computation"
+    if f.stage_us:
+        head += "; stages (us/step): " + ", ".join(f"{k} {v:.0f}" for k, v in f.stage_us.items())
+    if not rows:
+        return head + "\nno rule matched: nothing in this trace points at a hypothesis"
+    return head + "\n" + tabulate([[r.observation, r.hypothesis, r.next_check] for r in rows],
+                                  headers=["observation", "hypothesis", "next check"], tablefmt=fmt, maxcolwidths=[50, 34, 50])

@@ -19,7 +19,7 @@ CPU_DEFAULT_THREADS = 1
 
 
 def _against_default(name: str) -> Any:
-    from bench_core.session import AgainstConfig
+    from bench_core.workflows.side_by_side.compare import AgainstConfig
 
     return {f.name: f.default for f in dataclasses.fields(AgainstConfig)}[name]
 
@@ -218,7 +218,7 @@ def profile_config(value: Values, device: str):
 def against_config(value: Values):
     if value(AGAINST) is None:
         return None
-    from bench_core.session import AgainstConfig
+    from bench_core.workflows.side_by_side.compare import AgainstConfig
 
     kw = {k: value(flag) for k, flag in (("rounds", ROUNDS), ("pairs", PAIRS), ("max_rounds", MAX_ROUNDS),
                                          ("processes", WORKER_PAIRS), ("quick_processes", WORKER_PAIRS),

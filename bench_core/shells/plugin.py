@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_core.shells import options as opt
+from bench_core.shells import options as opt, replay
 
 _KEY = pytest.StashKey["object"]()
 _STORED = pytest.StashKey["object"]()   # finish()'s lines, or the exception that stopped it
@@ -91,7 +91,7 @@ class BenchFixture:
     """What a benchmark sees: the device, the size knob, and `run` to measure its scenario."""
 
     def __init__(self, session, request):
-        from bench_core.workflows.side_by_side.capture import Sizing
+        from bench_core.timing.counts import Sizing
 
         self._session = session
         self._request = request
@@ -110,12 +110,14 @@ class BenchFixture:
     def run(self, scenario, fn, **kwargs):
         from bench_core.core.errors import ScenarioError
 
+        session = self._session
         try:
-            if self._session.revision is not None:
-                m, c = self._run_against(scenario, fn, kwargs)
+            if session.revision is not None:
+                m, c = replay.run_against(session, self._request, self._sizing, scenario, fn, kwargs)
             else:
-                replicate = self._replicator(scenario.name) if self._session.baseline is not None else None
-                m, c = self._session.run(scenario, fn, replicate=replicate, **kwargs)
+                replicate = replay.replicator(session, self._request, scenario.name) \
+                    if session.baseline is not None else None
+                m, c = session.run(scenario, fn, replicate=replicate, **kwargs)
         except ScenarioError as exc:
             pytest.fail(self._session.shown(str(exc)), pytrace=False)
         return self._reported(m, c)
@@ -187,119 +189,6 @@ class BenchFixture:
         if res.verdict == REJECTED:
             pytest.fail(f"A/B {name!r}: {res.reason}", pytrace=False)
         return res
-
-    def _run_against(self, scenario, fn, kwargs):
-        """Side by side with --bench-against's revision: this call's step is round 0 of the current side;
-        every other instance comes from calling the test function again (this tree's, and the revision's)."""
-        from bench_core.workflows.side_by_side.capture import capture, instance_from
-
-        req, session = self._request, self._session
-        loaded = session.revision
-        name = scenario.name
-
-        def value_of(arg):
-            return req.node.funcargs[arg] if arg in req.node.funcargs else req.getfixturevalue(arg)
-
-        def rebuild(_round):
-            return capture(req.function, value_of, self._sizing, "current tree", name)
-
-        theirs, why, isolate = self._revision_function()
-        if isolate:  # cannot share this process: both sides in pairs of worker processes
-            sides = self._worker_sides(name)
-            if sides is not None:
-                return session.run_against_workers(scenario, instance_from(fn, kwargs, scenario), sides,
-                                                   items=kwargs.get("items"), proof={"why_workers": why})
-        if theirs is None:  # the revision lacks it or cannot load it: measured alone, and reported
-            session.one_side.append((name, f"measured on the current tree only: {why}"))
-            return session.run(scenario, fn, **kwargs)
-
-        def rev_build(_round):
-            return capture(theirs, value_of, self._sizing, f"revision {loaded.revision.label}", name)
-
-        live = instance_from(fn, kwargs, scenario)
-        return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"),
-                                   proof=loaded.proof(req.path, req.function, theirs),
-                                   clock=kwargs.get("clock"), backend=kwargs.get("backend"))
-
-    def _revision_function(self):
-        """(the revision's version of this test function, None, False), or (None, why there is none, whether
-        the reason is that it cannot share this process)."""
-        from bench_core.workflows.side_by_side.revisions import RevisionError
-
-        req, loaded = self._request, self._session.revision
-        if req.cls is not None:
-            return None, "only module-level test functions are compared side by side", False
-        if not loaded.counterpart(req.path).exists():
-            return None, f"{loaded.counterpart(req.path).relative_to(loaded.root)} does not exist in " \
-                         f"{loaded.revision.label}", False
-        try:
-            module = loaded.module_for(req.path)
-        except Exception as exc:
-            detail = str(exc) if isinstance(exc, RevisionError) else f"{type(exc).__name__}: {exc}"
-            return None, (f"{loaded.revision.label}'s test module cannot be loaded beside the current code "
-                          f"({detail}): code that registers global names (a torch.library operator) or a "
-                          f"compiled extension cannot be loaded twice into one process"), True
-        theirs = getattr(module, req.function.__name__, None)
-        return (theirs, None, False) if theirs is not None else (
-            None, f"{req.function.__name__} does not exist in {loaded.revision.label}", False)
-
-    def _worker_spec(self, name):
-        """The test a worker process serves to call this test again (its init is per side), or why it
-        cannot: the test takes a fixture other than its parameters, or a parameter JSON cannot carry."""
-        import inspect
-        import json
-
-        req = self._request
-        params = dict(getattr(getattr(req.node, "callspec", None), "params", {}))
-        needs = set(inspect.signature(req.function).parameters) - {"bench"}
-        try:
-            json.dumps(params)
-        except TypeError:
-            needs.add("a parameter JSON cannot carry")
-        if needs - set(params):
-            return None, f"worker processes cannot be given {sorted(needs - set(params))}"
-        return {"scenario": name, "function": req.function.__name__, "params": params,
-                "test_file": str(req.path)}, None
-
-    def _worker_init(self, side, roots):
-        config = self._session.config
-        return {"side": side, "import_roots": roots, "device": config.device, "quick": config.quick,
-                "threads": config.threads}
-
-    def _worker_sides(self, name):
-        """Each side's worker init and test for --bench-against's worker mode, or None when there can be none."""
-        from bench_core.workflows.worker import import_roots
-
-        req, session, loaded = self._request, self._session, self._session.revision
-        spec, why = self._worker_spec(name)
-        if spec is None:
-            session.one_side.append((name, why))
-            return None
-        return {"candidate": (self._worker_init("candidate", import_roots(loaded.current_root, loaded.current_root)),
-                              spec),
-                "baseline": (self._worker_init("baseline", import_roots(loaded.current_root, loaded.root)),
-                             {**spec, "test_file": str(loaded.counterpart(req.path))})}
-
-    def _replicator(self, name):
-        """The gate's replication: this test measured again in a fresh process of this tree, which imports
-        what this process imports (its whole sys.path)."""
-        import sys
-
-        from bench_core.core.errors import ScenarioError
-        from bench_core.workflows.worker import Worker
-
-        session = self._session
-        spec, why = self._worker_spec(name)
-
-        def replicate(warmup, repeats):
-            if spec is None:
-                raise ScenarioError(name, why)
-            init = self._worker_init("candidate", [p for p in sys.path if p])
-            with Worker(init, timeout_s=session.config.timeout_s or 600.0, spec=spec) as worker:
-                worker.wait_ready()
-                worker.build()
-                return worker.measure(warmup, repeats, session.environment)
-        return replicate
 
     def validate(self, baseline, candidate, state, model, optimizer=None, **kwargs):
         """Correctness from a saved state. Returns the report for the test to assert on; passed to

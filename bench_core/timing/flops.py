@@ -147,3 +147,22 @@ def cpu_peak(size: int = 1024, repeats: int = 5, clock: Callable[[], float] = ti
 def leading_operator(work: Mapping[str, Any]) -> tuple[str, int] | None:
     """(operator, FLOPs) of the counted operator with the most FLOPs, or None when none was counted."""
     return max((work.get("by_operator") or {}).items(), key=lambda kv: kv[1], default=None)
+
+
+def bandwidth_for(m, environment: Mapping[str, Any]) -> float | None:
+    """Memory bandwidth, bytes/s, for a result's roofline: a known GPU's, or the CPU's measured copy rate."""
+    if m.device == "cuda":
+        return known_bandwidth(environment.get("gpu_name"))
+    return environment.get("cpu_bandwidth_bytes_per_s")
+
+
+def peak_flops_for(m, environment: Mapping[str, Any], peak_tflops: float | None = None) -> float | None:
+    """The peak FLOP/s a result's utilization is a share of: the user's (`peak_tflops`), a known GPU's for
+    the scenario's dtype, or on the CPU (float32) the matmul peak measured in this session."""
+    if peak_tflops is not None:
+        return peak_tflops * 1e12
+    dtype = m.scenario.metadata.get("dtype")
+    if m.device == "cuda":
+        t = known_peak(environment.get("gpu_name"), dtype)
+        return None if t is None else t * 1e12
+    return environment.get("cpu_peak_flops") if dtype in (None, "float32") else None

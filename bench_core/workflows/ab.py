@@ -11,7 +11,7 @@ import hashlib
 import inspect
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from bench_core.timing.backends import Backend, backend_for
@@ -231,3 +231,38 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
                         None, base, cand, cold, **common)
     v = rounds_decision(res.round_log_ratios, level, min_effect)
     return ABResult(v.verdict, v.reason, v.speedup, v.ci_low, v.ci_high, v.p_value, base, cand, cold, **common)
+
+
+def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any], *, validation=None,
+           state_hash: str | None = None, rounds: int | None = None, **kwargs) -> ABResult:
+    """An A/B in the session: on its device, after the candidate's correctness result, recorded with the
+    session's decisions (and each side's counted FLOPs, where asked).
+
+    With `rounds`, `baseline` and `candidate` are factories of steps and every round builds both anew
+    (`ab_rounds`): the interval then covers what each instance's allocations add.
+    """
+    from bench_core.timing.counts import QUICK
+    from bench_core.workflows.counted_work import count_sides
+
+    decide = ab
+    if rounds is not None:
+        if session.config.quick:
+            rounds, kwargs = QUICK.rounds, {**kwargs, "pairs": QUICK.pairs, "max_rounds": QUICK.rounds}
+        kwargs["rounds"] = rounds
+        decide = ab_rounds
+    elif session.config.quick:
+        kwargs.setdefault("repeats", QUICK.ab_repeats)
+        kwargs.setdefault("warmup", QUICK.ab_warmup)
+    if state_hash is None and validation is not None:
+        state_hash = validation.state_hash
+    try:
+        res = decide(baseline, candidate, device=session.config.device, correctness=validation, state_hash=state_hash,
+                     environment=session.environment, name=name, **kwargs)
+    except ScenarioError as exc:
+        session.errors.append((name, exc.problem))
+        raise
+    if session.config.count_flops:  # after the A/B, profiler-free: one more step of each side, counted
+        res = replace(res, flops=count_sides(session, name, {"baseline": baseline, "candidate": candidate},
+                                             factories=rounds is not None))
+    session.decisions.append((name, res))
+    return res

@@ -30,7 +30,8 @@ from bench_core.core.errors import ScenarioError
 
 def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
     from bench_core.timing.backends import backend_for
-    from bench_core.workflows.side_by_side.capture import Sizing, capture
+    from bench_core.timing.counts import Sizing
+    from bench_core.workflows.side_by_side.capture import capture
     from bench_core.timing.sampling import Sampler, set_threads
     from bench_core.files.storage import scenario_doc
 

@@ -308,21 +308,6 @@ def self_times(ev: Sequence[Mapping]) -> dict[str, float]:
     return dict(out)
 
 
-def hypotheses_table(rows: Sequence[Hypothesis], f: TraceFacts, fmt: str = "simple") -> str:
-    from tabulate import tabulate
-
-    head = (f"{f.steps} profiled steps; step {f.step_us:.0f} us" if f.step_us else f"{f.steps} profiled steps")
-    head += "; GPU busy " + (f"{f.gpu_busy_us:.0f} us/step" if f.gpu_busy_us is not None else "not observed")
-    if f.comm_us is not None:
-        head += f"; collectives {f.comm_us:.0f} us/step, {f.comm_overlap_us or 0.0:.0f} us of it beside computation"
-    if f.stage_us:
-        head += "; stages (us/step): " + ", ".join(f"{k} {v:.0f}" for k, v in f.stage_us.items())
-    if not rows:
-        return head + "\nno rule matched: nothing in this trace points at a hypothesis"
-    return head + "\n" + tabulate([[r.observation, r.hypothesis, r.next_check] for r in rows],
-                                  headers=["observation", "hypothesis", "next check"], tablefmt=fmt, maxcolwidths=[50, 34, 50])
-
-
 def roofline_hypotheses(work: Mapping[str, Any], step_s: float | None, peak: float | None,
                         bandwidth: float | None, *, compute_share: float = 0.5,
                         traffic_share: float = 0.3) -> list:

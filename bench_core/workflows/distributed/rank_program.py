@@ -51,9 +51,9 @@ class RankContext:
 
     def size(self, cpu, gpu, quick=None):
         """Small on the CPU, realistic on the GPU, smallest in --bench-quick (as `bench.size`)."""
-        if self.quick and quick is not None:
-            return quick
-        return gpu if self.on_gpu else cpu
+        from bench_core.timing.counts import pick_size
+
+        return pick_size("cuda" if self.on_gpu else "cpu", self.quick, cpu, gpu, quick)
 
 
 @dataclass

@@ -12,25 +12,8 @@ import inspect
 from typing import Any, Callable
 
 from bench_core.core.errors import ScenarioError
+from bench_core.timing.counts import Sizing
 from bench_core.timing.protocol import Instance
-
-
-class Sizing:
-    """What a benchmark asks of its `bench` before it runs: the device and the size for it."""
-
-    def __init__(self, device: str, quick: bool):
-        self.device = device
-        self.quick = quick
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.device == "cuda"
-
-    def size(self, cpu, gpu, quick=None):
-        """Pick a size: small on the CPU, realistic on the GPU, smallest in --bench-quick."""
-        if self.quick and quick is not None:
-            return quick
-        return gpu if self.on_gpu else cpu
 
 
 class _Captured(BaseException):

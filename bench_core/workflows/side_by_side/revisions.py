@@ -57,6 +57,12 @@ class Revision:
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
+    def describe(self) -> str:
+        """Which code ran, in words: the commit, and whether the tree was dirty (and with which diff)."""
+        commit = self.commit[:12] if self.commit else "no commit"
+        return f"working tree at {commit}" + (f", dirty (diff sha256 {self.diff_sha256[:12]})" if self.dirty
+                                              else ", clean")
+
 
 def working_tree(root: Path) -> Revision:
     head = _git(root, "rev-parse", "--verify", "HEAD")

@@ -459,3 +459,16 @@ def check_reference(path: str | Path, candidate: Variant | Callable, model: torc
     return ValidationReport(f"reference {path.name} ({doc['baseline']})", candidate.label, doc["steps"], state.hash,
                             cmp.compared, cmp.diffs, run.mutations, _tolerance_notes(tolerance) + cmp.notes,
                             cmp.kinds)
+
+
+def record_or_check(folder: Path, save: bool, name: str, variant, state, model, optimizer=None, *, steps: int = 3,
+                    tolerance=None):
+    """Record reference NAME under `folder` (when `save`; returns None) or check `variant` against it (returns
+    the report). A missing reference is a StorageError whose problem starts "no reference"."""
+    path = Path(folder) / f"{name}.pt"
+    if save:
+        save_reference(path, variant, state, model, optimizer, steps=steps)
+        return None
+    if not path.exists():
+        raise StorageError(path, f"no reference {name!r} recorded yet")
+    return check_reference(path, variant, model, optimizer, tolerance=tolerance)

@@ -1,0 +1,93 @@
+"""What a session leaves behind, each behind one interface: a reporter is a function of the session that
+writes one thing (the session file, the decision records, pytest-benchmark's JSON, the Markdown report, the
+plots, the baseline run) and returns the line that says where. `finish` gives every reporter its chance:
+one that fails (a read-only folder, a full disk) loses nothing else, and each failure names its file."""
+from __future__ import annotations
+
+from typing import Callable
+
+from bench_core.files import storage
+from bench_core.output.summary import plot_groups, shown
+
+Reporter = Callable[..., str]
+
+
+def session_file(s) -> str:
+    against = None
+    if s.revision is not None:
+        against = {"baseline": s.revision.revision.to_dict(), "current": s.revision.current.to_dict(),
+                   "scenarios": s.against_records,
+                   "one_side": [{"scenario": n, "note": t} for n, t in s.one_side]}
+    p = storage.write_session(s.config.results_dir, s.results, s.environment,
+                              [{"scenario": n, "problem": p} for n, p in s.errors],
+                              [c.to_dict() for c in s.comparisons], against=against, replicas=s.replicas)
+    return f"results written to {p}"
+
+
+def decision_record(name: str, res) -> Reporter:
+    return lambda s: (f"decision record for {name!r} written to "
+                      f"{storage.write_decision(s.config.results_dir, res.to_dict(), name)}")
+
+
+def pytest_benchmark_json(s) -> str:
+    from bench_core.files.pytest_benchmark import to_pytest_benchmark
+
+    return "pytest-benchmark JSON written to " + str(storage.write_pytest_benchmark(
+        s.config.pb_json, to_pytest_benchmark(s.results, s.environment, storage.now_iso())))
+
+
+def markdown_report(s) -> str:
+    from bench_core.output.tables import comparison_notes, markdown
+
+    notes = [f"{n}: {t}" for n, t in s.one_side]
+    notes += sorted({c.method for c in s.comparisons if c.method})
+    notes += [f"warning: {n}" for n in s.baseline_notes]
+    notes += comparison_notes(s.comparisons)
+    text = markdown(f"bench_core: {s.compared_with or 'results'}", s.outcome() if s.compared_with else None,
+                    s.comparisons, [c for c in s.comparisons if s.fails(c)], s.results, s.errors, s.decisions, notes)
+    return f"Markdown report appended to {storage.append_text(s.config.markdown, shown(s, text))}"
+
+
+def plots(s) -> str:
+    from bench_core.output.plots import png
+
+    written = [storage.write_plot(s.config.plots, shown(s, name), png(shown(s, title), groups))
+               for name, title, groups in plot_groups(s) if all(len(g) for _, g in groups)]
+    return f"{len(written)} distribution plot(s) written to {s.config.plots}"
+
+
+def baseline_run(s) -> str:
+    path, n = storage.save_baseline(s.config.baselines_dir, s.config.save, s.results, s.environment,
+                                    append=s.config.append)
+    return f"baseline {s.config.save!r} saved to {path} ({n} run{'s' if n != 1 else ''})"
+
+
+def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
+    """Write what the session produced: (lines to show, failures). `incomplete` says why the session is not
+    whole (interrupted, scenarios failed): such a session is never stored as a baseline run, unless the
+    configuration says `save_incomplete`."""
+    lines: list[str] = []
+    failures: list[str] = []
+    if not s.results and not s.errors and not s.decisions:
+        return lines, failures
+    reporters: list[Reporter] = []
+    if s.config.results_dir is not None:
+        reporters += [session_file, *(decision_record(name, res) for name, res in s.decisions)]
+    if s.config.pb_json is not None:
+        reporters.append(pytest_benchmark_json)
+    if s.config.markdown is not None:
+        reporters.append(markdown_report)
+    if s.config.plots is not None:
+        reporters.append(plots)
+    if s.config.save is not None and s.results:
+        if incomplete and not s.config.save_incomplete:
+            reporters.append(lambda s: f"baseline {s.config.save!r} NOT saved: {incomplete}; a baseline run must be "
+                                       f"a whole, passing session (--bench-save-incomplete stores it anyway)")
+        else:
+            reporters.append(baseline_run)
+    for report in reporters:
+        try:
+            lines.append(report(s))
+        except Exception as exc:  # noqa: BLE001 - every write gets its chance, every failure is said
+            failures.append(str(exc))
+    return lines, failures

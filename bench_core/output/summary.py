@@ -1,0 +1,84 @@
+"""The end-of-session report for the terminal, read off a session's ledger: results, ranks, counted work,
+resource needs, A/B decisions, diagnose passes and the comparison with its baseline, in reading order."""
+from __future__ import annotations
+
+import math
+
+from bench_core.core.redact import redact
+from bench_core.output.tables import (below, comparison_table, decisions_table, hypotheses_table, ranks_table,
+                                      resource_table, session_table, work_table)
+from bench_core.timing.flops import bandwidth_for, peak_flops_for
+
+
+def shown(session, text: str) -> str:
+    """Text for people: in a diagnose session, whose report may be shared, with secrets redacted."""
+    return text if session.config.profile is None else redact(text)[0]
+
+
+def summary_sections(session) -> list[tuple[str, str]]:
+    """The report as (title, text) sections, in reading order."""
+    s = session
+    if not s.results and not s.errors and not s.decisions:
+        return []
+    wide = s.config.wide
+    out = [("bench_core results", session_table(s.results, s.errors, wide=wide))] \
+        if s.results or s.errors else []   # a session of A/B decisions only has no results table
+    if any(m.ranks is not None for m in s.results):
+        out.append(("bench_core distributed scenarios (every rank)", ranks_table(s.results, wide=wide)))
+    if s.config.count_flops and s.results:
+        text = work_table(s.results, lambda m: peak_flops_for(m, s.environment, s.config.peak_tflops), wide=wide,
+                          bandwidth_of=lambda m: bandwidth_for(m, s.environment))
+        out.append(("bench_core work and utilization (counted FLOPs)", text + below(s.uncounted, wide)))
+    if s.results:
+        wait = {p.scenario: p.facts.stage_us["batch_read"] / p.facts.step_us for p in s.profiles
+                if p.facts.step_us and "batch_read" in p.facts.stage_us}
+        out.append(("bench_core resource needs", resource_table(s.results, s.environment, wait, wide)))
+    if s.decisions:
+        out.append(("bench_core A/B decisions (interleaved, paired)", decisions_table(s.decisions, wide=wide)))
+    for p in s.profiles:
+        where = f"trace: {p.trace_path}" if p.trace_path else "trace: not written"
+        out.append((f"bench_core diagnose: {p.scenario} (profiled separately; not in any result)",
+                    f"{p.table}\n{hypotheses_table(p.hypotheses, p.facts)}\n{where} ({p.redaction})"))
+    if s.compared_with is not None:
+        text = comparison_table(s.comparisons, s.config.gate.alpha, wide=wide) + below(comparison_lines(s), wide)
+        out.append((f"bench_core comparison with {s.compared_with}", text))
+    return [(shown(s, title), shown(s, text)) for title, text in out]
+
+
+def comparison_lines(s) -> list[str]:
+    """The session's own lines under the comparison table: warnings, the prior, the outcome."""
+    lines = []
+    missing = s.missing_from_run()
+    if missing:
+        lines.append(f"in the baseline but not run now: {', '.join(missing)}")
+    if s.revision is not None:
+        lines.append(f"baseline = {s.revision.revision.label} ({s.revision.revision.commit[:12]}); "
+                     f"current = {s.revision.current.describe()}; "
+                     f"{s.comparisons[0].method if s.comparisons else ''}")
+    if s.workers is not None and s.workers.started:
+        lines.append(f"worker mode: {len(s.workers.scenarios)} scenario(s) in {s.workers.started} "
+                     f"worker processes, kept from scenario to scenario")
+    lines += [f"{name}: {note}" for name, note in s.one_side]
+    lines += [f"warning: {note}" for note in s.baseline_notes]
+    if s.prior is not None:
+        lines.append(f"run-to-run variance prior: {math.expm1(math.sqrt(s.prior.variance)):.1%} spread, "
+                     f"worth {s.prior.df:.3g} runs ({s.prior.source})")
+    lines.append(s.outcome())
+    return lines
+
+
+def plot_groups(s) -> list[tuple[str, str, list[tuple[str, tuple[float, ...]]]]]:
+    """(name, title, groups) for every plot: a result with its baseline runs and fresh processes, and
+    each A/B decision's two sides. The figure the gate compares: GPU time where there is one."""
+    out = []
+    for m in s.results:
+        groups = [("this run", m.primary_ms)]
+        groups += [(f"fresh process {i + 1}", r.primary_ms) for i, r in enumerate(s.replicas.get(m.name, ()))]
+        if s.baseline is not None:
+            groups += [(f"baseline run {i}", r.primary_ms) for i, r in enumerate(s.baseline.get(m.name, ()))]
+        title = f"{m.name}: {m.timer} time" + (f" against baseline {s.config.compare!r}" if s.baseline else "")
+        out.append((m.name, title, groups))
+    for name, r in s.decisions:
+        out.append((f"ab-{name}", f"A/B {name}: baseline and candidate, interleaved pairs",
+                    [("baseline", tuple(r.baseline_ms)), ("candidate", tuple(r.candidate_ms))]))
+    return out

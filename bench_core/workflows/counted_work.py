@@ -1,0 +1,46 @@
+"""Counted work beside a measurement: each step's FLOPs counted once after its timed window (profiler-free),
+and the roofs utilization is a share of (a known GPU's peak and bandwidth, or the CPU's, measured once)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+from bench_core.core.records import Measurement
+
+
+def count_work(session, m: Measurement, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> Measurement:
+    """The result with its counted work; a step the counter cannot run is not counted, and the session says
+    why. On the CPU the machine's roofs are measured once, for the utilization figure."""
+    from bench_core.timing.flops import count
+
+    try:
+        work = count(fn, setup)
+    except Exception as exc:  # noqa: BLE001 - a step the counter cannot run is not counted, and says why
+        session.uncounted.append(f"{m.name}: FLOPs not counted: {type(exc).__name__}: {exc}")
+        return m
+    measure_cpu_roofs(session)
+    return replace(m, work=work.to_dict())
+
+
+def count_sides(session, name: str, sides: dict[str, Callable[[], Any]], factories: bool) -> dict[str, int]:
+    """Counted FLOPs of one step of each A/B side (`factories`: each side is a factory of steps, built first),
+    after the A/B; a side that cannot be built or counted says why."""
+    from bench_core.timing.flops import count
+
+    counted = {}
+    for side, fn in sides.items():
+        try:
+            counted[side] = count(fn() if factories else fn).flops
+        except Exception as exc:  # noqa: BLE001 - not counted, and says why; the A/B stands
+            session.uncounted.append(f"{name} ({side}): FLOPs not counted: {type(exc).__name__}: {exc}")
+    return counted
+
+
+def measure_cpu_roofs(session) -> None:
+    """On the CPU, the machine's matmul peak and copy bandwidth, measured once per session (outside every
+    timed window) and kept in the environment: the roofs utilization is a share of."""
+    from bench_core.timing.flops import cpu_bandwidth, cpu_peak
+
+    if session.config.device == "cpu" and "cpu_peak_flops" not in session.environment:
+        session.environment["cpu_peak_flops"] = cpu_peak()
+        session.environment["cpu_bandwidth_bytes_per_s"] = cpu_bandwidth()

@@ -1,0 +1,209 @@
+"""Side by side with another git revision (`--bench-against REV`): both versions of a scenario measured in this
+run, in rounds of fresh instances alternated pair by pair (or, for code that cannot be loaded twice into one
+process, in pairs of worker processes), and decided by the one rounds decision with the gate's verdicts."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from bench_core.core.errors import ScenarioError
+from bench_core.core.records import ColdStart, Measurement, Memory
+from bench_core.core.scenario import Scenario
+from bench_core.deciding.gate import Comparison, decide_family, scenario_differences
+from bench_core.deciding.rounds import estimate_rounds
+from bench_core.deciding.sequential import planned_looks, possible_slowdown
+from bench_core.timing.backends import CpuBackend, backend_for
+from bench_core.timing.counts import QUICK
+from bench_core.timing.protocol import SideError, run_processes, run_rounds
+from bench_core.timing.sampling import Sampler, set_threads
+
+
+@dataclass(frozen=True)
+class AgainstConfig:
+    """Side by side with another revision (`--bench-against REV`): rounds of fresh instances, pairs per round.
+
+    The threshold is smaller than the stored-baseline gate's: alternated samples in one process agree far
+    more closely than separate runs do (docs/side-by-side.md has the figures).
+
+    Sequential: the first look comes after `rounds` rounds; a possible slowdown it leaves undecided runs
+    on, look by look every `rounds` rounds, up to `max_rounds` (3 x rounds unless given), alpha split
+    over the looks, so more rounds are spent only where they are needed.
+    """
+
+    rev: str
+    rounds: int = 12         # 12 x (1 first call + 4 pairs) x 2 sides = 120 calls at the first look
+    pairs: int = 4
+    warmup: int = 0          # the first call of each instance (kept apart) already warms it
+    seed: int = 0
+    threshold: float = 0.02
+    max_rounds: int | None = None
+    processes: int = 6       # worker mode: pairs of processes (the unit of evidence there), the session's pool
+    quick_processes: int = QUICK.worker_pairs   # the same under --bench-quick (--bench-worker-pairs sets both)
+    process_rounds: int = 2  # worker mode: rounds of fresh instances in each pair
+
+    def __post_init__(self):
+        if self.rounds < 3 or self.pairs < 1:
+            raise ValueError(f"--bench-against needs at least 3 rounds and 1 pair per round, got {self.rounds} "
+                             f"and {self.pairs} (the interval comes from the spread between rounds)")
+        if min(self.processes, self.quick_processes) < 3:
+            raise ValueError(f"--bench-worker-pairs needs at least 3 pairs of processes, got "
+                             f"{min(self.processes, self.quick_processes)} (the interval comes from the spread between "
+                             f"pairs)")
+        if self.max_rounds is None:
+            object.__setattr__(self, "max_rounds", 3 * self.rounds)
+        if self.max_rounds < self.rounds:
+            raise ValueError(f"--bench-max-rounds ({self.max_rounds}) must be at least --bench-rounds "
+                             f"({self.rounds}); equal to it turns the later looks off")
+
+    def looks(self, quick: bool = False) -> tuple[int, ...]:
+        """The numbers of rounds at which a scenario may be decided."""
+        if quick:
+            return (QUICK.rounds,)
+        return planned_looks(self.rounds, self.max_rounds, self.rounds)
+
+
+def open_revision(session, root: Path) -> None:
+    """Extract --bench-against's revision and make it importable beside the current code."""
+    from bench_core.workflows.side_by_side.revisions import LoadedRevision
+
+    session.revision = LoadedRevision(root, session.config.against.rev)
+
+
+def worker_pool(session):
+    """The worker processes of this session's worker-mode comparisons, kept from scenario to scenario."""
+    if session.workers is None:
+        from bench_core.workflows.worker import WorkerPool
+
+        session.workers = WorkerPool(session.config.timeout_s or 600.0)
+    return session.workers
+
+
+def close_revision(session) -> None:
+    """The revision's extracted tree, and every worker process that served it, ended."""
+    if session.workers is not None:
+        session.workers.close()
+    if session.revision is not None:
+        session.revision.close()
+
+
+def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any], rev_build: Callable[[int], Any],
+                *, items: int | None = None, proof: Mapping[str, Any] | None = None, clock=None,
+                backend=None) -> tuple[Measurement, Comparison | None]:
+    """Measure the current code (`live`, then `rebuild(round)`) and the revision's (`rev_build(round)`)
+    side by side in this process; returns the current side's result and the decision. The revision
+    failing leaves the current side measured on its own, with the reason kept; the current side failing
+    fails the scenario."""
+    a, quick = session.config.against, session.config.quick
+    looks, pairs = a.looks(quick), QUICK.pairs if quick else a.pairs
+    build = {"candidate": lambda r: live if r == 0 else rebuild(r), "baseline": rev_build}
+
+    def sides(go_on):
+        return run_rounds(build, Sampler(scenario.name, backend or backend_for(session.config.device), clock),
+                          rounds=looks[0], pairs=pairs, warmup=a.warmup, seed=a.seed, extend_to=looks[1:],
+                          go_on=go_on)
+    how = (f"{looks[0]} rounds" if len(looks) == 1 else
+           f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
+    return _side_by_side(session, scenario, live, sides, f"{how} x {pairs} pairs, fresh instances every round, one "
+                                                         f"process", items, proof, clock, backend, looks)
+
+
+def run_against_workers(session, scenario: Scenario, live, sides: Mapping[str, tuple[Mapping, Mapping]], *,
+                        items: int | None = None, proof: Mapping[str, Any] | None = None
+                        ) -> tuple[Measurement, Comparison | None]:
+    """The same in pairs of worker processes, one per side (`sides[side]`: the worker's init and the
+    test it serves, see `workflows.worker`), for code that cannot be loaded twice into one process. Each
+    process keeps a bias of its own, so the pair of processes is the unit of evidence: the interval is wider,
+    and says so. The pairs are the session's pool, kept from scenario to scenario. The current side's
+    result is a plain measurement of `live`, here."""
+    a, quick = session.config.against, session.config.quick
+    k, rounds = (a.quick_processes, 1) if quick else (a.processes, a.process_rounds)
+    pairs = QUICK.pairs if quick else a.pairs
+    pool = worker_pool(session)
+    proof = dict(proof or {})
+    ran = proof["workers_ran"] = {side: [] for side in sides}    # each worker's own word on what it loaded
+
+    def release(side, j, worker, ok):
+        ran[side].append(worker.ran)
+        pool.release(side, j, worker, ok)
+
+    def run(go_on):
+        spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
+        return run_processes(spawn, Sampler(scenario.name, CpuBackend()), processes=k, rounds=rounds, pairs=pairs,
+                             seed=a.seed, release=release)
+    return _side_by_side(session, scenario, live, run, f"{k} pairs of worker processes x {rounds} rounds x "
+                                                       f"{pairs} pairs (the code cannot be loaded twice into one "
+                                                       f"process)", items, proof, None, None)
+
+
+@dataclass(frozen=True)
+class _Judge:
+    """Decides a scenario's rounds (one Rounds, or one per pair of processes) with the gate's verdicts."""
+
+    scenario: Scenario
+    device: str
+    threshold: float
+    gate: Any
+    family_size: int | None
+    looks: tuple[int, ...]
+
+    def __call__(self, res, timer: str) -> Comparison:
+        first = res if not isinstance(res, list) else res[0]
+        theirs = first.scenarios.get("baseline")
+        diffs = scenario_differences(theirs.with_metadata(device=self.device), self.scenario) \
+            if theirs is not None else {}
+        est = estimate_rounds(self.scenario.name, res, self.threshold, timer=timer, differences=diffs, looks=self.looks)
+        budget = f"--bench-max-rounds, now {self.looks[-1]}" if self.looks else "--bench-rounds"
+        (c,) = decide_family([est], self.gate, family_size=self.family_size,
+                             advice=f"more rounds would narrow it ({budget}), or a quieter runner")
+        return c
+
+    def go_on(self, res) -> bool:   # in this process: timed as the Measurement below will be
+        return possible_slowdown(self(res, "cuda_event" if self.device == "cuda" else "host"), self.gate.chase_p)
+
+
+def _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks=()):
+    a, dev = session.config.against, session.config.device
+    scenario = scenario.with_metadata(device=dev)
+    threads = set_threads(session.config.threads)
+    rev = f"{a.rev} ({session.revision.revision.commit[:12]})"
+    thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
+    judge = _Judge(scenario, dev, thr, replace(session.config.gate, threshold=thr), session.family_size, tuple(looks))
+    try:
+        with session.limited(scenario):
+            res = sides(judge.go_on)
+    except SideError as exc:
+        if exc.side == "candidate":
+            session.errors.append((scenario.name, exc.problem))
+            raise ScenarioError(scenario.name, exc.problem) from exc
+        session.one_side.append((scenario.name, f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}"))
+        res = None
+    if res is None or isinstance(res, list):  # the current side was not timed here: measure it plainly
+        with session.limited(scenario):
+            m = session.measure(scenario, live.fn, setup=live.setup, items=items, clock=clock, backend=backend)
+    else:
+        m = _current_side(session, scenario, live, res, items, threads)
+    session.results.append(m)
+    if res is None:
+        return m, None
+    c = judge(res, m.timer)
+    ran = f"; {len(res.baseline)} rounds ran" if len(looks) > 1 and not isinstance(res, list) else ""
+    c = replace(c, method=f"side by side with {rev}: {method}{ran}")
+    session.comparisons.append(c)
+    rounds = [r.to_dict() for r in (res if isinstance(res, list) else [res])]
+    session.against_records.append({"scenario": scenario.name, "comparison": c.to_dict(), "method": c.method,
+                                    "rounds": rounds[0] if len(rounds) == 1 else rounds, "code": dict(proof or {})})
+    return m, c
+
+
+def _current_side(session, scenario, live, res, items, threads) -> Measurement:
+    """The current side's result, from its own samples in the rounds."""
+    cur = [x for r in res.candidate for x in r]
+    cold = res.cold["candidate"][0]
+    dev = session.config.device
+    return Measurement(scenario=scenario, device=dev, mode="per_call" if live.block_size == 1 else "block",
+                       block_size=live.block_size, warmup=session.config.against.warmup, repeats=len(cur),
+                       host_ms=tuple(x.host_ms for x in cur),
+                       gpu_ms=tuple(x.gpu_ms for x in cur) if dev == "cuda" else None,
+                       cold_start=ColdStart(cold.host_ms, cold.gpu_ms, res.load_ms.get("candidate")),
+                       items=items, threads=threads, memory=Memory(), environment=session.environment)

@@ -1,0 +1,83 @@
+"""The stored-baseline gate: measure a scenario in this process and, when the session compares with a stored
+baseline, decide it there and then; a possible slowdown this process cannot decide is measured again in fresh
+processes, look by look, and decided on all the runs (a slow process cannot tell its own state from a
+regression, other processes can)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+from bench_core.core.errors import ScenarioError
+from bench_core.core.records import Measurement
+from bench_core.core.scenario import Scenario
+from bench_core.deciding.gate import Comparison, baseline_warnings, decide_family, estimate, noise_prior
+from bench_core.deciding.sequential import replicate_until_decided
+from bench_core.files import storage
+from bench_core.workflows.counted_work import count_work
+
+
+def load_baseline(config) -> tuple[dict[str, list[Measurement]], Any, list[str]]:
+    """The baseline's runs by scenario, the run-to-run variance prior fitted from them, and what makes the
+    baseline hard to trust, in words."""
+    baseline = storage.by_scenario(storage.load_baseline(config.baselines_dir, config.compare))
+    prior = noise_prior(baseline)
+    created = [r["created"] for r in storage.baseline_runs(config.baselines_dir, config.compare)]
+    notes = baseline_warnings(config.compare, created[-config.gate.window:] if config.gate.window else created,
+                              prior=prior)
+    return baseline, prior, notes
+
+
+def run(session, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs) -> tuple[Measurement, Comparison | None]:
+    """Measure (and count the step's work, where asked), gate against the stored baseline, record; then the
+    diagnose pass, after the measurement and never inside it."""
+    first = session.measure(scenario, fn, **kwargs)
+    if session.config.count_flops:  # after the timed window, profiler-free: one more step, counted
+        first = count_work(session, first, fn, kwargs.get("setup"))   # before the gate, which compares the counts
+    counts = session.counts(kwargs.get("warmup"), kwargs.get("repeats"))
+    m, c = gate(session, first, None if replicate is None else lambda: replicate(*counts))
+    session.results.append(m)
+    if session.config.profile is not None:
+        from bench_core.workflows.diagnose.passes import diagnose_after
+
+        diagnose_after(session, m, fn, kwargs.get("setup"))
+    return m, c
+
+
+def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = None
+         ) -> tuple[Measurement, Comparison | None]:
+    """Compare one fresh result with the baseline; returns the result to keep and the comparison.
+
+    Decided now, before the other scenarios exist, so the family adjustment is Bonferroni over every scenario
+    the baseline holds. `replicate()` is one more run in a fresh process.
+    """
+    if session.baseline is None:
+        return m, None
+    config = session.config.gate
+    base = session.baseline.get(m.name, ())
+    runs = [m]
+
+    def judge(runs) -> Comparison:
+        (c,) = decide_family([estimate(m.name, base, runs, config, session.prior)], config,
+                             family_size=len(session.baseline))
+        return c
+
+    why_not = []
+
+    def fresh():
+        if session.progress is not None:
+            session.progress.note(m.name, f"possible slowdown: measuring again in fresh process {len(runs)} "
+                                          f"(runs go up to {config.max_runs})")
+        try:
+            return replicate()
+        except ScenarioError as exc:
+            why_not.append(f"replication stopped: {exc.problem}")
+            return None
+    c = replicate_until_decided(runs, judge, None if replicate is None else fresh, config)
+    extra = len(runs) - 1
+    method = f"stored baseline ({c.baseline_runs} runs) vs this process" + (
+        f" and {extra} fresh process(es)" if extra else "")
+    c = replace(c, method=method, reason="; ".join([c.reason, *why_not]))
+    if extra:
+        session.replicas[m.name] = runs[1:]
+    session.comparisons.append(c)
+    return m, c
