@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from bench_core.core.errors import ScenarioError
+from bench_core.files import children
 
 
 def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
@@ -106,6 +107,7 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
 
 
 STARTUP_S = 120.0
+QUIT_GRACE_S = 10.0   # a worker's interpreter takes about a second to end
 
 
 class Worker:
@@ -119,9 +121,9 @@ class Worker:
         if spec is not None:
             self.assign(spec)
         # the parent's pid on the command line: a worker whose parent is gone is an orphan, findable by anyone
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench_core.workflows.worker", "--parent", str(os.getpid())],
-                                     stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.proc = children.start([sys.executable, "-m", "bench_core.workflows.worker", "--parent", str(os.getpid())],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   bufsize=1)
         self._write(init)   # it imports and loads while the parent starts the other side's worker
 
     def wait_ready(self) -> None:
@@ -194,9 +196,7 @@ class Worker:
         return measurement_from_doc(out["measurement"], environment)
 
     def _kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        children.end(self.proc, grace_s=0.0)
 
     def ask_to_quit(self) -> None:
         if self.proc.poll() is None:
@@ -207,12 +207,7 @@ class Worker:
                 pass    # already going; close() waits or kills
 
     def close(self) -> None:
-        self.ask_to_quit()
-        if self.proc.poll() is None:
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._kill()
+        children.end(self.proc, ask=self.ask_to_quit, grace_s=QUIT_GRACE_S)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if not stream.closed:
                 stream.close()

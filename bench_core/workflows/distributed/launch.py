@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -24,6 +22,7 @@ from bench_core.core.errors import ScenarioError
 from bench_core.core.records import ColdStart, Measurement
 from bench_core.core.ranks import RankSamples, max_over_ranks
 from bench_core.core.scenario import Scenario
+from bench_core.files import children
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 KILL_GRACE_S = 5.0
@@ -142,24 +141,7 @@ def end_all(proc: subprocess.Popen, folder: Path, spec_path: Path) -> None:
     from bench_core.files.storage import read_rank_files
 
     pids = [int(d["pid"]) for d in read_rank_files(folder)["status"].values() if "pid" in d]
-    alive = [p for p in pids if _ours(p, spec_path)]
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)      # the launcher passes it on to its ranks
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in alive:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + KILL_GRACE_S
-        while time.monotonic() < deadline and (proc.poll() is None or any(_ours(p, spec_path) for p in alive)):
-            time.sleep(0.05)
-        alive = [p for p in alive if _ours(p, spec_path)]
-        if not alive and proc.poll() is not None:
-            break
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    children.end(proc, others=pids, still_ours=lambda pid: _ours(pid, spec_path), grace_s=KILL_GRACE_S)
 
 
 def run_ranks(name: str, spec: Mapping[str, Any], topology: Topology, timeout_s: float | None,
@@ -174,8 +156,8 @@ def run_ranks(name: str, spec: Mapping[str, Any], topology: Topology, timeout_s:
         log = folder / "launcher.log"
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
         with open_log(log) as out:
-            proc = subprocess.Popen(launch_command(topology, spec_path, rdzv_id(name, launch)), stdout=out,
-                                    stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
+            proc = children.start(launch_command(topology, spec_path, rdzv_id(name, launch)), stdout=out,
+                                  stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
             try:
                 code = proc.wait(timeout=timeout_s or None)
                 hung = False

@@ -1,0 +1,57 @@
+"""The processes bench_core starts (worker processes, the distributed launcher and its ranks): started here,
+and ended here by their own ids, politely first, then by signal, within a grace period each. The one child-
+process manager: whoever starts a child ends it through `end`, so every child ends with its job."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Callable, Iterable, Sequence
+
+GRACE_S = 5.0
+
+
+def start(argv: Sequence[str], **popen) -> subprocess.Popen:
+    """A child process running `argv` (`popen`: subprocess.Popen's own keywords: pipes, log file, env, cwd)."""
+    return subprocess.Popen(list(argv), **popen)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def end(proc: subprocess.Popen, *, others: Iterable[int] = (), still_ours: Callable[[int], bool] = lambda pid: True,
+        ask: Callable[[], None] | None = None, grace_s: float = GRACE_S) -> None:
+    """End `proc` and the processes `others` it started (which may run in sessions of their own, so ending
+    `proc` alone would leave them behind): `ask` politely first, where given; then SIGTERM, then SIGKILL, each
+    followed by up to `grace_s` for everyone to go. `still_ours(pid)` tells a live pid of ours from an id the
+    system has given to someone else since. `proc` is reaped."""
+    others = [p for p in others if still_ours(p)]
+
+    def gone(wait_s: float) -> bool:
+        deadline = time.monotonic() + wait_s
+        while True:
+            done = proc.poll() is not None and not any(still_ours(p) for p in others)
+            if done or time.monotonic() >= deadline:
+                return done
+            time.sleep(0.05)
+
+    if ask is not None and proc.poll() is None:
+        ask()
+        if gone(grace_s):
+            return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        for pid in others:
+            if still_ours(pid):
+                _signal(pid, sig)
+        if gone(grace_s):
+            break
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
