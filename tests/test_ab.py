@@ -116,7 +116,7 @@ def test_bad_input_names_the_comparison():
     def boom():
         raise RuntimeError("x")
 
-    with pytest.raises(ScenarioError, match="candidate raised RuntimeError"):
+    with pytest.raises(ScenarioError, match="candidate: the first call raised RuntimeError"):
         ab(lambda: None, boom)
 
 

@@ -39,36 +39,15 @@ def measure(
     end, so overlap between consecutive steps is kept; the per-call figure is the block divided by k.
     `progress(what, done, total)` is called between calls and samples, never inside a timed window.
     """
-    if scenario is None:
-        scenario = Scenario(getattr(fn, "__qualname__", "anonymous"), ("compute",))
-    elif isinstance(scenario, str):
-        scenario = Scenario(scenario, ("compute",))
-    name = scenario.name
-    if not callable(fn):
-        raise ScenarioError(name, f"the function to measure must be callable, got {type(fn).__name__}")
-    if setup is not None and not callable(setup):
-        raise ScenarioError(name, f"setup must be callable or None, got {type(setup).__name__}")
-    if load is not None and not callable(load):
-        raise ScenarioError(name, f"load must be callable or None, got {type(load).__name__}")
-    for label, value, low in (("warmup", warmup, 0), ("repeats", repeats, MIN_REPEATS)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ScenarioError(name, f"{label} must be an integer >= {low}, got {value!r}")
-    if mode not in ("per_call", "block"):
-        raise ScenarioError(name, f"mode must be 'per_call' or 'block', got {mode!r}")
-    if mode == "per_call":
-        block_size = 1
-    elif isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
-        raise ScenarioError(name, f"block mode needs block_size >= 2, got {block_size!r}")
-    if items is not None and (isinstance(items, bool) or not isinstance(items, int) or items < 1):
-        raise ScenarioError(name, f"items must be a positive integer, got {items!r}")
-
+    scenario = _scenario_of(fn, scenario)
+    block_size = _check(scenario.name, fn, setup, load, warmup, repeats, mode, block_size, items)
     backend = backend or backend_for(device)
     kind = device.split(":")[0]           # "cuda:1" is a CUDA measurement, on device 1
     if backend.kind != kind:
-        raise ScenarioError(name, f"backend {backend.kind!r} does not match device {device!r}")
+        raise ScenarioError(scenario.name, f"backend {backend.kind!r} does not match device {device!r}")
     if device != kind:
         scenario = scenario.with_metadata(device=device)
-    sampler = Sampler(name, backend, clock)
+    sampler = Sampler(scenario.name, backend, clock)
     used_threads = set_threads(threads)
 
     load_ms = sampler.elapsed_ms(load, "load") if load is not None else None
@@ -83,23 +62,7 @@ def measure(
         if progress is not None:
             progress("warmup", i + 1, warmup)
 
-    samples = []
-    gpu_before = backend.gpu_state()           # the device's clocks and throttling, read outside the window
-    with gc_paused():
-        backend.memory_begin()
-        for i in range(repeats):
-            if setup is not None:
-                sampler.call(f"setup before sample {i}", setup)
-            samples.append(sampler.sample(fn, block_size, what=f"sample {i}"))
-            if progress is not None:
-                progress("samples", i + 1, repeats)
-        memory = backend.memory_end()
-    gpu_after = backend.gpu_state()
-    telemetry = None
-    if gpu_before is not None and gpu_after is not None:
-        from bench_core.timing.telemetry import window_record
-
-        telemetry = window_record(gpu_before, gpu_after)
+    samples, memory, telemetry = _samples(sampler, fn, setup, block_size, repeats, progress)
 
     try:
         return Measurement(
@@ -119,4 +82,55 @@ def measure(
             telemetry=telemetry,
         )
     except InvalidRecord as exc:
-        raise ScenarioError(name, str(exc)) from exc
+        raise ScenarioError(scenario.name, str(exc)) from exc
+
+
+def _samples(sampler: Sampler, fn, setup, block_size: int, repeats: int, progress):
+    """The timed samples, with the window's own memory and the GPU's telemetry around them (read outside it)."""
+    backend = sampler.backend
+    samples = []
+    gpu_before = backend.gpu_state()           # the device's clocks and throttling, read outside the window
+    with gc_paused():
+        backend.memory_begin()
+        for i in range(repeats):
+            if setup is not None:
+                sampler.call(f"setup before sample {i}", setup)
+            samples.append(sampler.sample(fn, block_size, what=f"sample {i}"))
+            if progress is not None:
+                progress("samples", i + 1, repeats)
+        memory = backend.memory_end()
+    gpu_after = backend.gpu_state()
+    telemetry = None
+    if gpu_before is not None and gpu_after is not None:
+        from bench_core.timing.telemetry import window_record
+
+        telemetry = window_record(gpu_before, gpu_after)
+    return samples, memory, telemetry
+
+
+def _scenario_of(fn: Callable[[], Any], scenario: Scenario | str | None) -> Scenario:
+    if scenario is None:
+        return Scenario(getattr(fn, "__qualname__", "anonymous"), ("compute",))
+    return Scenario(scenario, ("compute",)) if isinstance(scenario, str) else scenario
+
+
+def _check(name: str, fn, setup, load, warmup, repeats, mode: str, block_size, items) -> int:
+    """Every argument of `measure` checked before anything runs; returns the block size (1 per call)."""
+    if not callable(fn):
+        raise ScenarioError(name, f"the function to measure must be callable, got {type(fn).__name__}")
+    if setup is not None and not callable(setup):
+        raise ScenarioError(name, f"setup must be callable or None, got {type(setup).__name__}")
+    if load is not None and not callable(load):
+        raise ScenarioError(name, f"load must be callable or None, got {type(load).__name__}")
+    for label, value, low in (("warmup", warmup, 0), ("repeats", repeats, MIN_REPEATS)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ScenarioError(name, f"{label} must be an integer >= {low}, got {value!r}")
+    if mode not in ("per_call", "block"):
+        raise ScenarioError(name, f"mode must be 'per_call' or 'block', got {mode!r}")
+    if items is not None and (isinstance(items, bool) or not isinstance(items, int) or items < 1):
+        raise ScenarioError(name, f"items must be a positive integer, got {items!r}")
+    if mode == "per_call":
+        return 1
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
+        raise ScenarioError(name, f"block mode needs block_size >= 2, got {block_size!r}")
+    return block_size

@@ -86,7 +86,8 @@ class Rounds:
 
 def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, *, rounds: int, pairs: int,
                warmup: int = 1, seed: int = 0, min_rounds: int = 3, extend_to: Sequence[int] = (),
-               go_on: Callable[[Rounds], bool] | None = None) -> Rounds:
+               go_on: Callable[[Rounds], bool] | None = None, after_build: Callable[[int], Any] | None = None,
+               after_round: Callable[[int], Any] | None = None) -> Rounds:
     """`build[side](round)` makes a fresh instance of that side. Each round: build both (in random order),
     a first (cold) call and `warmup` more of each, kept out of the estimate, then `pairs` pairs, each in
     a random order. Nothing else runs between the two samples of a pair. A failure raises SideError.
@@ -95,12 +96,18 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
 
     A sequential design: after `rounds` rounds, and at each of `extend_to` in turn, `go_on(rounds so
     far)` decides whether to run on to the next of `extend_to` (the looks, and the alpha they spend, are
-    the caller's to plan)."""
+    the caller's to plan).
+
+    The one rounds loop: a plain A/B is one round of one instance a side, side by side and A/B with rounds
+    are many, and a distributed rank runs the same loop with its barrier as the sampler's `before_sample`.
+    `after_build(r)` runs once both sides of round r are built, `after_round(r)` once its pairs are taken
+    (a rank checks there that both sides start and end equal); neither is timed."""
     if rounds < min_rounds or pairs < 1:
         raise ValueError(f"side by side needs at least {min_rounds} rounds and 1 pair, got {rounds} and {pairs}")
     if list(extend_to) != sorted(set(extend_to)) or any(n <= rounds for n in extend_to):
         raise ValueError(f"later looks must grow past {rounds} rounds, got {list(extend_to)}")
-    runner = _Runner(build, sampler, random.Random(seed))
+    runner = _Runner(build, sampler, random.Random(seed), after_build, after_round,
+                     single=rounds == 1 and not extend_to)
     with gc_frozen():
         for r in range(rounds):
             runner.round(r, pairs, warmup)
@@ -115,8 +122,11 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
 class _Runner:
     """The state of a side-by-side run as its rounds go by."""
 
-    def __init__(self, build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, rng: random.Random):
+    def __init__(self, build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, rng: random.Random,
+                 after_build=None, after_round=None, single: bool = False):
         self.build, self.sampler, self.rng = build, sampler, rng
+        self.after_build, self.after_round = after_build, after_round
+        self.single = single   # one round only: its samples are named without a round number
         self.samples: dict[str, list[tuple[Sample, ...]]] = {s: [] for s in SIDES}
         self.cold: dict[str, list[Sample]] = {s: [] for s in SIDES}
         self.load_ms: dict[str, float | None] = {s: None for s in SIDES}
@@ -132,6 +142,7 @@ class _Runner:
         return on_side(side, lambda: self.sampler.sample(i.fn, i.block_size, what=what))
 
     def round(self, r: int, pairs: int, warmup: int) -> None:
+        of = "" if self.single else f" of round {r}"
         for side in self.rng.sample(SIDES, 2):
             self.inst[side] = on_side(side, lambda: self.sampler.call(f"building round {r}",
                                                                       lambda: self.build[side](r)))
@@ -142,18 +153,22 @@ class _Runner:
                     self.load_ms[side] = ms
             if r == 0:
                 self.scenarios[side] = self.inst[side].scenario
+        if self.after_build is not None:
+            self.after_build(r)
         for side in self.rng.sample(SIDES, 2):
-            self.cold[side].append(self.timed(side, f"the first call of round {r}"))
+            self.cold[side].append(self.timed(side, f"the first call{of}"))
         for w in range(warmup):
             for side in self.rng.sample(SIDES, 2):
-                self.timed(side, f"warmup {w} of round {r}")
+                self.timed(side, f"warmup {w}{of}")
         got: dict[str, list[Sample]] = {s: [] for s in SIDES}
         with gc_paused():
             for p in range(pairs):
                 for side in self.rng.sample(SIDES, 2):
-                    got[side].append(self.timed(side, f"pair {p} of round {r}"))
+                    got[side].append(self.timed(side, f"pair {p}{of}"))
         for side in SIDES:
             self.samples[side].append(tuple(got[side]))
+        if self.after_round is not None:
+            self.after_round(r)
         self.inst.clear()  # this round's instances go before the next round allocates its own
 
     def result(self, seed: int) -> Rounds:

@@ -102,10 +102,12 @@ def set_threads(threads: int | None) -> int | None:
 class Sampler:
     """Takes samples of callables on one backend with one clock, for one named scenario."""
 
-    def __init__(self, scenario: str, backend: Backend, clock: Clock | None = None):
+    def __init__(self, scenario: str, backend: Backend, clock: Clock | None = None,
+                 before_sample: Callable[[], Any] | None = None):
         self.scenario = scenario
         self.backend = backend
         self.clock = clock or time.perf_counter_ns
+        self.before_sample = before_sample   # outside every window, before it: a distributed rank's barrier
         self._events = None
 
     def _event_pair(self):
@@ -131,6 +133,8 @@ class Sampler:
 
     def sample(self, fn: Callable[[], Any], calls: int = 1, what: str = "a sample") -> Sample:
         """Time `calls` back-to-back calls of `fn`; the figures are per call."""
+        if self.before_sample is not None:
+            self.before_sample()
         return self.call(what, lambda: self._timed(fn, calls, what))
 
     def elapsed_ms(self, fn: Callable[[], Any], what: str) -> float:

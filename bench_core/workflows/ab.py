@@ -10,13 +10,12 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
-import random
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from bench_core.timing.backends import Backend, backend_for
 from bench_core.core.errors import ScenarioError
-from bench_core.timing.sampling import Clock, Sampler, gc_paused
+from bench_core.timing.sampling import Clock, Sampler
 from bench_core.timing.protocol import Instance, run_rounds
 from bench_core.core.stats import summarize
 from bench_core.deciding.paired import paired_decision
@@ -131,23 +130,13 @@ def ab(baseline: Callable[[], Any], candidate: Callable[[], Any], *, device: str
     if correctness is not None and not correctness.ok:
         return ABResult(REJECTED, "the candidate failed correctness, so it gets no speed verdict",
                         None, None, None, None, **common)
-    sampler = Sampler(name, backend or backend_for(device), clock)
+    # one round of the one rounds loop: one instance a side, a first call each kept apart, then the pairs
     fns = {"baseline": baseline, "candidate": candidate}
-
-    def timed(label: str) -> float:
-        return sampler.sample(fns[label], what=label).primary_ms
-
-    rng = random.Random(seed)
-    order = ["baseline", "candidate"]
-    cold = {label: timed(label) for label in order}  # cold starts kept apart, one each
-    for _ in range(warmup):
-        for label in rng.sample(order, 2):
-            timed(label)
-    samples = {"baseline": [], "candidate": []}
-    with gc_paused():
-        for _ in range(repeats):
-            for label in rng.sample(order, 2):
-                samples[label].append(timed(label))
+    res = run_rounds({side: (lambda r, fn=fn: Instance(fn)) for side, fn in fns.items()},
+                     Sampler(name, backend or backend_for(device), clock), rounds=1, pairs=repeats, warmup=warmup,
+                     seed=seed, min_rounds=1)
+    cold = {side: v[0].primary_ms for side, v in res.cold.items()}
+    samples = {side: [x for r in res.primary(side) for x in r] for side in fns}
     for label, xs in samples.items():
         bad = [v for v in xs if not math.isfinite(v) or v < 0]
         if bad:

@@ -185,96 +185,105 @@ def facts(events: Iterable[Mapping]) -> TraceFacts:
 def analyze(events: Sequence[Mapping], *, idle_fraction: float = 0.5, min_launches: int = 100,
             short_us: float = 10.0, dominant_share: float = 0.5,
             leading_share: float = 0.25) -> tuple[TraceFacts, list[Hypothesis]]:
+    """What a trace shows, and the hypotheses its rules point at: the device idle while a batch is read, the
+    same copy to the device every step, work fragmented into many short launches, one operator leading."""
     ev = _complete(events)
     f = facts(ev)
     n = max(f.steps, 1)
-    rows: list[Hypothesis] = []
+    rows = _input_bound(ev, f, n, idle_fraction) + _repeated_h2d(ev, f)
+    rows += _fragmented(ev, n, min_launches, short_us) + _leading_operator(ev, f, n, dominant_share, leading_share)
+    return f, rows
 
-    # 1. the device idle while a batch is read
+
+PREPARED = ("time the same compute on a batch already prepared on the device and compare it with this step; "
+            "if the prepared one is much faster, the loader is the bottleneck (more workers, pinned memory)")
+FUSE = "batch or fuse the work (fewer, larger operators; torch.compile), then bench.validate and bench.ab the change"
+
+
+def _input_bound(ev, f: TraceFacts, n: int, idle_fraction: float) -> list[Hypothesis]:
+    """The device idle while a batch is read (or, without GPU events, reading taking a fifth of the step)."""
     reads = [(e["ts"], e["ts"] + e["dur"]) for e in ev
              if e.get("name") == f"{STAGE_PREFIX}batch_read" and e.get("cat") != "gpu_user_annotation"]
-    if reads:
-        read_us = sum(e - s for s, e in reads)
-        if f.gpu_observed:
-            busy = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") in GPU_CATS]
-            idle = read_us - _overlap_us(reads, busy)
-            if read_us > 0 and idle / read_us >= idle_fraction:
-                rows.append(Hypothesis(
-                    "input_bound",
-                    f"the device is idle for {idle / n:.0f} us per step while a batch is read "
-                    f"({idle / read_us:.0%} of the {read_us / n:.0f} us batch read)",
-                    "the input pipeline cannot keep up with the device",
-                    "time the same compute on a prepared batch: benchmarks/test_pipeline.py::test_input_pipeline "
-                    "(prepared vs workers), or the train_step[...-dataloader] vs [...-prepared] scenarios"))
-        elif f.step_us and read_us / n / f.step_us >= 0.2:
-            rows.append(Hypothesis(
+    if not reads:
+        return []
+    read_us = sum(e - s for s, e in reads)
+    if f.gpu_observed:
+        busy = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") in GPU_CATS]
+        idle = read_us - _overlap_us(reads, busy)
+        if read_us > 0 and idle / read_us >= idle_fraction:
+            return [Hypothesis(
                 "input_bound",
-                f"reading a batch takes {read_us / n:.0f} us of a {f.step_us:.0f} us step "
-                f"({read_us / n / f.step_us:.0%}); device idle time not observed (no GPU events)",
-                "the input pipeline may be what the step waits for",
-                "time the same compute on a prepared batch: benchmarks/test_pipeline.py::test_input_pipeline"))
+                f"the device is idle for {idle / n:.0f} us per step while a batch is read "
+                f"({idle / read_us:.0%} of the {read_us / n:.0f} us batch read)",
+                "the input pipeline cannot keep up with the device", PREPARED)]
+    elif f.step_us and read_us / n / f.step_us >= 0.2:
+        return [Hypothesis(
+            "input_bound",
+            f"reading a batch takes {read_us / n:.0f} us of a {f.step_us:.0f} us step "
+            f"({read_us / n / f.step_us:.0%}); device idle time not observed (no GPU events)",
+            "the input pipeline may be what the step waits for", PREPARED)]
+    return []
 
-    # 2. the same-sized host-to-device copy repeated every step
+
+def _repeated_h2d(ev, f: TraceFacts) -> list[Hypothesis]:
+    """The same-sized host-to-device copy in every step (copying the batch in is the step's job, not a constant)."""
     h2d = Counter()
-    batch_copies = _launched_in_stage(ev, "transfer")   # copying the batch in is the step's job, not a constant
+    batch_copies = _launched_in_stage(ev, "transfer")
     for e in ev:
         if e.get("cat") == "gpu_memcpy" and "HtoD" in str(e.get("name", "")) and \
                 (e.get("args") or {}).get("correlation") not in batch_copies:
             h2d[(e.get("args") or {}).get("bytes")] += 1
-    for size, count in h2d.items():
-        if size is not None and f.steps and count >= f.steps:
-            rows.append(Hypothesis(
-                "repeated_h2d",
-                f"a {size}-byte host-to-device copy happens {count} times in {f.steps} steps",
-                "a constant is re-created on the host and copied to the device every step",
-                "create it once and compare outputs and time with an A/B validation (bench.validate + bench.ab; "
-                "see benchmarks/test_optimizations.py::test_constant_created_once)"))
+    return [Hypothesis(
+        "repeated_h2d", f"a {size}-byte host-to-device copy happens {count} times in {f.steps} steps",
+        "a constant is re-created on the host and copied to the device every step",
+        "create it once, outside the step, and check the change from a saved state: bench.validate, then bench.ab")
+        for size, count in h2d.items() if size is not None and f.steps and count >= f.steps]
 
-    # 3. many short kernels or launches dominating
+
+def _fragmented(ev, n: int, min_launches: int, short_us: float) -> list[Hypothesis]:
+    """Many short kernels a step (or, without GPU events, many short top-level operators)."""
     kernels = [e for e in ev if e.get("cat") == "kernel"]
     if kernels:
         per_step = len(kernels) / n
         short = sum(1 for e in kernels if e["dur"] < short_us)
         if per_step >= min_launches and short / len(kernels) >= 0.5:
-            rows.append(Hypothesis(
+            return [Hypothesis(
                 "fragmented",
                 f"{per_step:.0f} kernels per step, {short / len(kernels):.0%} of them shorter than {short_us:g} us",
-                "the work is fragmented into many small launches",
-                "batch or fuse the work and compare total cost: benchmarks/test_kernels.py::test_fragmented_work, "
-                "then an A/B validation of the change"))
-    else:
-        top = top_level([e for e in ev if e.get("cat") == "cpu_op"])
-        per_step = len(top) / n
-        if top and per_step >= min_launches and sum(1 for e in top if e["dur"] < short_us) / len(top) >= 0.5:
-            rows.append(Hypothesis(
-                "fragmented",
-                f"{per_step:.0f} top-level operators per step, most shorter than {short_us:g} us "
-                f"(GPU kernels not observed)",
-                "the work is fragmented into many small operator calls",
-                "batch or fuse the work and compare total cost: benchmarks/test_kernels.py::test_fragmented_work"))
+                "the work is fragmented into many small launches", FUSE)]
+        return []
+    top = top_level([e for e in ev if e.get("cat") == "cpu_op"])
+    per_step = len(top) / n
+    if top and per_step >= min_launches and sum(1 for e in top if e["dur"] < short_us) / len(top) >= 0.5:
+        return [Hypothesis(
+            "fragmented",
+            f"{per_step:.0f} top-level operators per step, most shorter than {short_us:g} us (GPU kernels not observed)",
+            "the work is fragmented into many small operator calls", FUSE)]
+    return []
 
-    # 4. one operator dominating, or leading by a clear share: named, with its share and its calls
+
+def _leading_operator(ev, f: TraceFacts, n: int, dominant_share: float, leading_share: float) -> list[Hypothesis]:
+    """One operator dominating, or leading by a clear share: named, with its share and its calls."""
     self_us = self_times(ev)
     total = sum(self_us.values())
-    if total > 0:
-        ranked = sorted(self_us.items(), key=lambda kv: -kv[1])
-        (name, t), second = ranked[0], (ranked[1] if len(ranked) > 1 else (None, 0.0))
-        calls = sum(1 for e in ev if str(e.get("name")) == name and e.get("cat") in ("kernel", "cpu_op")) / n
-        where = "device" if f.gpu_observed else "CPU"
-        seen = f"{name} takes {t / total:.0%} of self {where} time ({t / n:.0f} us per step, {calls:.0f} calls per step"
-        if t / total >= dominant_share:
-            rows.append(Hypothesis(
-                "dominant_op", seen + ")",
-                "this operator's shapes or algorithm decide the step's cost",
-                f"time {name} alone on the same inputs (bench_core.measure), and compare alternatives with "
-                "bench_core.ab"))
-        elif t / total >= leading_share and t >= 2 * second[1]:
-            rows.append(Hypothesis(
-                "leading_op", seen + f"; the next, {second[0]}, {second[1] / total:.0%})",
-                "the largest single cost: its shapes, dtype or layout are where a change pays most",
-                f"time {name} alone on the same inputs (bench_core.measure) in other dtypes or layouts, then "
-                "bench_core.ab on the step"))
-    return f, rows
+    if total <= 0:
+        return []
+    ranked = sorted(self_us.items(), key=lambda kv: -kv[1])
+    (name, t), second = ranked[0], (ranked[1] if len(ranked) > 1 else (None, 0.0))
+    calls = sum(1 for e in ev if str(e.get("name")) == name and e.get("cat") in ("kernel", "cpu_op")) / n
+    where = "device" if f.gpu_observed else "CPU"
+    seen = f"{name} takes {t / total:.0%} of self {where} time ({t / n:.0f} us per step, {calls:.0f} calls per step"
+    if t / total >= dominant_share:
+        return [Hypothesis(
+            "dominant_op", seen + ")", "this operator's shapes or algorithm decide the step's cost",
+            f"time {name} alone on the same inputs (bench_core.measure), and compare alternatives with bench_core.ab")]
+    if t / total >= leading_share and t >= 2 * second[1]:
+        return [Hypothesis(
+            "leading_op", seen + f"; the next, {second[0]}, {second[1] / total:.0%})",
+            "the largest single cost: its shapes, dtype or layout are where a change pays most",
+            f"time {name} alone on the same inputs (bench_core.measure) in other dtypes or layouts, then "
+            "bench_core.ab on the step")]
+    return []
 
 
 def top_level(ops: Sequence[Mapping]) -> list[Mapping]:
@@ -340,6 +349,5 @@ def roofline_hypotheses(work: Mapping[str, Any], step_s: float | None, peak: flo
             f"bandwidth, counting every byte as traffic",
             "the work is fragmented into many small operators, or overhead (Python, dispatch, launches) rather "
             "than data movement sets the step's time",
-            "fuse or batch the elementwise work (torch.compile) and compare: "
-            "benchmarks/test_kernels.py::test_fragmented_work, then an A/B validation of the change")]
+            "fuse or batch the elementwise work (torch.compile), then bench.validate and bench.ab the change")]
     return []

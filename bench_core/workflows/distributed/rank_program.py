@@ -238,7 +238,8 @@ class _Rank:
         self.builder = _load_builder(spec)
         self.ctx = RankContext(self.rank, self.world, self.local_rank, self.device, spec["quick"],
                                spec.get("params") or {})
-        self.sampler = Sampler(spec["scenario"], backend_for("cuda" if self.on_gpu else "cpu"))
+        self.sampler = Sampler(spec["scenario"], backend_for("cuda" if self.on_gpu else "cpu"),
+                               before_sample=dist.barrier)   # outside the window: every rank starts the step together
         # the same seed on every rank: the same steps, so the same collectives, in the same order
         self.order = random.Random(spec.get("seed", 0))
 
@@ -251,8 +252,7 @@ class _Rank:
         return inst
 
     def timed(self, fn, what):
-        self.dist.barrier()   # outside the window: every rank starts the step together
-        return self.sampler.sample(fn, what=what)
+        return self.sampler.sample(fn, what=what)   # after the barrier (the sampler's before_sample)
 
     def untimed(self, fn, what):
         self.dist.barrier()
@@ -348,55 +348,61 @@ SIDES = ("baseline", "candidate")
 
 def ab_rank(me: _Rank) -> dict:
     """Two configurations of one scenario (`spec["ab"]`: each side's parameters, given to the builder) in the same
-    processes, in rounds: each round builds both anew (fresh allocations, in a random order), takes a first step
-    and `warmup` more of each, then `pairs` pairs in a random order. In round 0 the two must start from identical
-    parameters, and after the same steps on the same data they must still agree within the candidate's tolerance
-    (correctness and speed decide together)."""
-    import torch
-
-    from bench_core.timing.sampling import gc_paused
+    processes, in the one rounds loop (`timing.protocol.run_rounds`, the rank's barrier before every sample, the
+    same seed on every rank so every rank takes the same steps in the same order). In round 0 the two must start
+    from identical parameters, and after the same steps on the same data they must still agree within the
+    candidate's tolerance (correctness and speed decide together)."""
+    from bench_core.timing.protocol import Instance, run_rounds
 
     spec, status = me.spec, me.status
-    samples: dict[str, list] = {s: [] for s in SIDES}
-    cold: dict[str, Any] = {}
+    steps: dict[str, RankStep] = {}
     check: dict[str, Any] = {}
-    for r in range(spec["rounds"]):
-        status(f"round {r}: build")
-        inst = {side: me.build(**spec["ab"][side]) for side in me.order.sample(SIDES, 2)}
-        if r == 0:
-            start = [_whole(inst[s].replicated()) if inst[s].replicated is not None else None for s in SIDES]
-            if None in start:
-                raise TypeError(f"{spec['builder']}: an A/B needs RankStep.replicated, to prove both sides start "
-                                f"from the same parameters and end equal")
-            check["start_max_abs_diff"] = me.max_over_ranks(_max_abs_diff(*start))
-            built = {s: None if inst[s].settings is None else dict(inst[s].settings()) for s in SIDES}
+    built: dict[str, Any] = {}
+
+    def builder(side: str):
+        def build(r: int) -> Instance:
+            status(f"round {r}: build")
+            steps[side] = me.build(**spec["ab"][side])
+            return Instance(steps[side].step)
+        return build
+
+    def after_build(r: int) -> None:
         status(f"round {r}: steps")
-        for side in me.order.sample(SIDES, 2):
-            first = me.timed(inst[side].step, f"{side}'s first step in round {r}")
-            cold.setdefault(side, first)
-        for i in range(spec["warmup"]):
-            for side in me.order.sample(SIDES, 2):
-                me.untimed(inst[side].step, f"{side}'s warmup step {i}")
-        got = {s: [] for s in SIDES}
-        with gc_paused():
-            for i in range(spec["pairs"]):
-                for side in me.order.sample(SIDES, 2):
-                    got[side].append(me.timed(inst[side].step, f"{side}'s step {i} in round {r}"))
-        for side in SIDES:
-            samples[side].append(got[side])
         if r == 0:
-            rtol, atol = inst["candidate"].tolerance
-            a, b = (_whole(inst[s].replicated()) for s in SIDES)
-            diff = _max_abs_diff(a, b)
-            close = all(x.shape == y.shape and bool(torch.allclose(x, y, rtol=rtol, atol=atol)) for x, y in zip(a, b))
-            check.update(steps=1 + spec["warmup"] + spec["pairs"], end_max_abs_diff=me.max_over_ranks(diff),
-                         ok=me.max_over_ranks(0.0 if close and len(a) == len(b) else 1.0) == 0.0, rtol=rtol, atol=atol)
+            check.update(_start_check(me, steps))
+            built.update({s: None if steps[s].settings is None else dict(steps[s].settings()) for s in SIDES})
+
+    def after_round(r: int) -> None:
+        if r == 0:
+            check.update(_end_check(me, steps, 1 + spec["warmup"] + spec["pairs"]))
             check["ok"] = check["ok"] and check["start_max_abs_diff"] == 0.0
-        del inst
-    everyone = me.gathered({side: {"cold_host_ms": cold[side].host_ms, "cold_gpu_ms": cold[side].gpu_ms,
+        steps.clear()   # this round's instances go before the next round allocates its own
+
+    res = run_rounds({s: builder(s) for s in SIDES}, me.sampler, rounds=spec["rounds"], pairs=spec["pairs"],
+                     warmup=spec["warmup"], seed=spec.get("seed", 0), min_rounds=1, after_build=after_build,
+                     after_round=after_round)
+    everyone = me.gathered({side: {"cold_host_ms": res.cold[side][0].host_ms, "cold_gpu_ms": res.cold[side][0].gpu_ms,
                                    "as_built": built[side],
-                                   "rounds": [_ms(rnd, me.on_gpu) for rnd in samples[side]]} for side in SIDES})
+                                   "rounds": [_ms(rnd, me.on_gpu) for rnd in getattr(res, side)]} for side in SIDES})
     return {"ranks": everyone, "correctness": check}
+
+
+def _start_check(me: _Rank, steps: Mapping[str, RankStep]) -> dict:
+    start = [_whole(steps[s].replicated()) if steps[s].replicated is not None else None for s in SIDES]
+    if None in start:
+        raise TypeError(f"{me.spec['builder']}: an A/B needs RankStep.replicated, to prove both sides start "
+                        f"from the same parameters and end equal")
+    return {"start_max_abs_diff": me.max_over_ranks(_max_abs_diff(*start))}
+
+
+def _end_check(me: _Rank, steps: Mapping[str, RankStep], taken: int) -> dict:
+    import torch
+
+    rtol, atol = steps["candidate"].tolerance
+    a, b = (_whole(steps[s].replicated()) for s in SIDES)
+    close = all(x.shape == y.shape and bool(torch.allclose(x, y, rtol=rtol, atol=atol)) for x, y in zip(a, b))
+    return {"steps": taken, "end_max_abs_diff": me.max_over_ranks(_max_abs_diff(a, b)),
+            "ok": me.max_over_ranks(0.0 if close and len(a) == len(b) else 1.0) == 0.0, "rtol": rtol, "atol": atol}
 
 
 def run_rank(spec: Mapping[str, Any], status: Callable[[str], None]) -> dict | None:
