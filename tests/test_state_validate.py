@@ -89,7 +89,7 @@ def test_save_load_round_trip_and_refusals(tmp_path):
     (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
     with pytest.raises(StorageError, match="is not a readable starting state"):
         StartingState.load(tmp_path / "cut.pt")
-    torch.save({"format": "bench_core.workflows.validation.state", "schema_version": 1, "hash": "0" * 64,
+    torch.save({"format": "bench_core.state", "schema_version": 1, "hash": "0" * 64,
                 "payload": {"model": {}, "batches": [torch.ones(1)]}}, tmp_path / "forged.pt")
     with pytest.raises(StorageError, match="content hash does not match"):
         StartingState.load(tmp_path / "forged.pt")
@@ -419,3 +419,13 @@ def test_a_reference_check_feeds_the_models_own_device(tmp_path, monkeypatch):
     monkeypatch.setattr(correctness, "run_variant", lambda *a, **k: seen.append(a[5]) or real(*a, **k))
     assert check_reference(path, train_step, model, opt).ok
     assert [str(d) for d in seen] == ["cpu"]          # the model's device, handed on to the restore
+
+
+def test_the_state_file_keeps_its_format_name(tmp_path):
+    """Files written before the package was reorganized say "bench_core.state": the name is the format's, not a
+    module path, and must never move with the code."""
+    from bench_core.files import storage
+
+    assert storage.STATE_FORMAT == "bench_core.state" and storage.REFERENCE_FORMAT == "bench_core.reference"
+    assert (storage.SESSION_FORMAT, storage.BASELINE_FORMAT, storage.DECISION_FORMAT) == (
+        "bench_core.session", "bench_core.baseline", "bench_core.decision")

@@ -44,7 +44,7 @@ JSON files (session results, baselines and A/B decision records share the versio
     infinite (a spread known exactly) is written as null: JSON has no infinity.
 
 Torch files, each with its own version:
-  starting state (`bench_core.workflows.validation.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
+  starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
     sha256 of the payload's content.
     2 (0.2.0): the payload also holds `grads` (every parameter's gradient, None where there is none) and
     `modes` (every module's train/eval flag); the hash leaves out the Python and NumPy RNG states, which
@@ -77,7 +77,7 @@ SCHEMA_VERSION = 3
 SESSION_FORMAT = "bench_core.session"
 BASELINE_FORMAT = "bench_core.baseline"
 DECISION_FORMAT = "bench_core.decision"
-STATE_FORMAT, STATE_SCHEMA_VERSION = "bench_core.workflows.validation.state", 2
+STATE_FORMAT, STATE_SCHEMA_VERSION = "bench_core.state", 2
 REFERENCE_FORMAT, REFERENCE_SCHEMA_VERSION = "bench_core.reference", 1
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _CONFLICT_RE = re.compile(r"^(<<<<<<<|=======$|>>>>>>>)", re.MULTILINE)
