@@ -1,8 +1,9 @@
 """bench_core: GPU-correct timing, baselines, a statistical gate and correctness-from-a-saved-state.
 
-The front door. The records and errors import without torch; the names that need torch (measuring,
-A/B, validation) are imported on first use, so `import bench_core` and the pure layers below it work
-where torch is missing or broken.
+The front door, and the names a benchmark file imports: they stay here whatever moves inside the package.
+The records and errors import without torch; the names that need torch (measuring, A/B, validation, the
+distributed rank's step, the pytest-benchmark clocks) are imported on first use, so `import bench_core` and
+the pure layers below it work where torch is missing or broken.
 """
 from importlib import import_module
 
@@ -21,6 +22,13 @@ _LAZY = {
     "Tolerances": "bench_core.workflows.validation.correctness",
     "Variant": "bench_core.workflows.validation.correctness",
     "validate": "bench_core.workflows.validation.correctness",
+    "bind": "bench_core.workflows.validation.correctness",
+    "RankStep": "bench_core.workflows.distributed.rank_program",
+    "RankContext": "bench_core.workflows.distributed.rank_program",
+    "ddp_training": "bench_core.workflows.distributed.rank_program",
+    "single_process": "bench_core.workflows.distributed.rank_program",
+    "cuda_sync_clock": "bench_core.files.pytest_benchmark",
+    "cuda_event_clock": "bench_core.files.pytest_benchmark",
 }
 
 
@@ -39,5 +47,6 @@ def __dir__():
 __all__ = [
     "__version__", "BenchError", "InvalidRecord", "ScenarioError", "StorageError",
     "STAGES", "Scenario", "ColdStart", "Measurement", "Memory", "measure", "stage", "ab", "ab_rounds", "StartingState",
-    "Tolerance", "Tolerances", "Variant", "validate",
+    "Tolerance", "Tolerances", "Variant", "validate", "bind", "RankStep", "RankContext", "ddp_training",
+    "single_process", "cuda_sync_clock", "cuda_event_clock",
 ]

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from bench_core import Scenario
-from bench_core.workflows.distributed.rank_program import RankStep, ddp_training, single_process
+from bench_core import RankStep, ddp_training, single_process
 from models import MLP, SmallCNN, synthetic_images
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from bench_core.workflows.validation.state import StartingState
-from bench_core.workflows.validation.correctness import Tolerance, Variant, bind
+from bench_core import StartingState
+from bench_core import Tolerance, Variant, bind
 from models import MLP
 
 

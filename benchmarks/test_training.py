@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from bench_core import Scenario
-from bench_core.workflows.diagnose.profile import stage
+from bench_core import stage
 from models import MLP, SmallCNN, synthetic_images
 
 

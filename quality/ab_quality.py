@@ -11,7 +11,7 @@ carries is part of what the decision must survive.
   --mode plain       `ab(a, b)`: one instance per side, 60 interleaved pairs
   --mode rounds      `ab_rounds(make_a, make_b)`: both rebuilt every round, 12 rounds x 8 pairs
                      (looks at 12, 24, 36 rounds)
-Usage: python benchmarks/ab_quality.py --ab-trials 10 --aa-trials 20 [--workload cnn] [--mode rounds]
+Usage: python quality/ab_quality.py --ab-trials 10 --aa-trials 20 [--workload cnn] [--mode rounds]
 Writes the verdicts to .bench/ab_quality-<time>.json (never overwriting).
 """
 from __future__ import annotations

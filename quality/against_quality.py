@@ -1,8 +1,8 @@
 """How good is `--bench-against` on this machine? A/A and real slowdowns, quiet and with a competing process.
 
 Run as its own benchmark, never in the test suite (it takes minutes):
-    python benchmarks/against_quality.py [--trials 30] [--conditions quiet,loaded] [--rounds 10 --pairs 4]
-    python benchmarks/against_quality.py --isolated --trials 8 --conditions quiet     # worker mode (slow: 33x)
+    python quality/against_quality.py [--trials 30] [--conditions quiet,loaded] [--rounds 10 --pairs 4]
+    python quality/against_quality.py --isolated --trials 8 --conditions quiet     # worker mode (slow: 33x)
 
 It creates a throwaway git repository with two real commits. The first has nine scenarios: three workloads
 (compute-bound matmul, memory-bound elementwise, a small CNN training step), each of 20 units of work. The

@@ -7,7 +7,7 @@ benchmarks/test_distributed.py:
                   "no significant difference" is a false call
   A/B  slower     the candidate runs one wasted forward pass (no_grad) per step: the same result, more work;
                   "slower" is a detection, and the candidate must pass correctness
-Usage: python benchmarks/distributed_quality.py --trials 10 [--rounds 8 --pairs 4] [--no-straggler]
+Usage: python quality/distributed_quality.py --trials 10 [--rounds 8 --pairs 4] [--no-straggler]
 Writes the verdicts to .bench/distributed_quality-<time>.json (never overwriting).
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))   # the scenario library's models
 
 from test_distributed import _mlp_shard, _mlp_sizes  # noqa: E402 - the library scenario's own sizes and data
 
 from bench_core import Scenario  # noqa: E402
-from bench_core.workflows.distributed.rank_program import RankStep, ddp_training  # noqa: E402
+from bench_core import RankStep, ddp_training  # noqa: E402
 
 
 def wasteful_mlp(ctx) -> RankStep:

@@ -13,7 +13,7 @@ at a time with Bonferroni over the four, fresh processes drawn while a possible 
 Each trial draws a baseline and a candidate's processes at random from the measured pool (processes
 are never reused within a trial). Usage:
 
-    python benchmarks/gate_quality.py --runs 16 --baseline-runs 5
+    python quality/gate_quality.py --runs 16 --baseline-runs 5
 
 It also asks whether a process's level is shared by its scenarios (`shared_level`): if it were, the
 other scenarios of a run could tell a slow process from a regression.

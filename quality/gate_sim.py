@@ -14,10 +14,10 @@ of --baselines baselines, --candidates fresh candidates of unchanged code run th
 the average false-"slower" rate, the share of baselines above 2% and 3%, and the worst baseline; then
 how often a 10% and a 30% slowdown are found from 1 and 3 fixed candidate runs and with replication.
 
-    python benchmarks/gate_sim.py --baselines 300 --candidates 150 --detect-trials 1000   # the README's table
-    python benchmarks/gate_sim.py --baselines 20 --candidates 50     # a quick look
-    python benchmarks/gate_sim.py --baseline-runs 10                 # baselines of 10 runs
-    python benchmarks/gate_sim.py --told-slow --spreads 0.03         # a ceiling: the gate told which were slow
+    python quality/gate_sim.py --baselines 300 --candidates 150 --detect-trials 1000   # the table in docs/gate.md
+    python quality/gate_sim.py --baselines 20 --candidates 50     # a quick look
+    python quality/gate_sim.py --baseline-runs 10                 # baselines of 10 runs
+    python quality/gate_sim.py --told-slow --spreads 0.03         # a ceiling: the gate told which were slow
 
 Writes the table and the settings to .bench/gate_sim-<time>.json (never overwriting).
 """

@@ -326,7 +326,7 @@ def test_the_gate_simulation_drives_the_gates_own_protocol():
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "gate_sim.py"
+    path = pathlib.Path(__file__).parents[1] / "quality" / "gate_sim.py"
     spec = importlib.util.spec_from_file_location("gate_sim", path)
     sim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sim)

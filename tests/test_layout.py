@@ -181,3 +181,21 @@ def test_the_module_map_matches_the_tree():
     on_disk = {str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p.name != "__init__.py" or p.parent == PKG}
     assert listed == on_disk, f"missing from the map: {on_disk - listed}; no such module: {listed - on_disk}"
 
+
+def test_every_name_on_the_front_door_resolves():
+    import bench_core
+
+    missing = [name for name in bench_core.__all__ if getattr(bench_core, name, None) is None]
+    assert not missing, missing
+
+
+def test_the_readme_is_a_newcomers_page_and_its_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 250
+    for section in ("## Install and run", "## Writing a scenario", "### Gate regressions in CI",
+                    "### Validate an optimization"):
+        assert f"\n{section}\n" in text, section
+    links = re.findall(r"\]\(((?:docs/|CHANGELOG)[^)#]*)", text)
+    assert links and all((ROOT / link).exists() for link in links), [x for x in links if not (ROOT / x).exists()]
+    docs = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert docs <= {Path(link).name for link in links}, f"docs the README does not lead to: {docs - set(map(str, links))}"

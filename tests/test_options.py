@@ -47,3 +47,10 @@ def test_the_same_words_give_the_same_gate_in_both_shells():
     from_cli = opt.gate_config(lambda flag: getattr(ns, opt.BY_FLAG[flag].dest, None))
     words = {opt.ALPHA: 0.02, opt.WINDOW: 4, opt.ADJUST: "bh", opt.ALLOW_ENV: False}
     assert from_cli == opt.gate_config(words.get) == GateConfig(alpha=0.02, window=4, adjust="bh")
+
+
+def test_the_running_guide_names_every_option():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "running.md").read_text()
+    assert [o.flag for o in opt.OPTIONS if o.flag not in text] == []

@@ -238,9 +238,8 @@ def fit_variance_prior(variances: Sequence[float], dfs: Sequence[float]) -> Vari
     e = np.log(s2) - _sp.digamma(d / 2) + np.log(d / 2)
     mean = float(e.mean())
     excess = float(e.var(ddof=1) - np.mean(_sp.polygamma(1, d / 2)))
-    # Never worth more than the evidence it was fitted from: limma takes the fitted prior as known. In a
-    # simulation of 200 baselines of 9 scenarios x 5 runs at an 8% spread (benchmarks/gate_sim.py's model),
-    # 2.5% of baselines gave over 3% false alarms, the worst 15%, without this cap; 1.0% and 4.5% with it.
+    # Never worth more than the evidence it was fitted from: limma takes the fitted prior as known, and an
+    # overconfident prior makes unlucky baselines (docs/gate.md has what the cap is worth).
     cap = float(d.sum())
     where = f"fitted from {len(pairs)} run-to-run variances, {cap:g} degrees of freedom"
     d0 = cap if excess <= 0 else min(2.0 * _trigamma_inverse(excess), cap)   # excess <= 0: they agree beyond chance

@@ -28,8 +28,8 @@ Baselines that cannot be unlucky. A baseline is recorded once and reused, so ave
 not enough: a baseline whose mean came out low raises the false alarms of every later comparison.
 A change must also clear a guard, the distance by which a baseline's mean is off with probability
 at most `guard_baselines` plus the candidate's own noise at `guard_rate`, sized so that about
-`guard_baselines` of baselines give false alarms above `guard_rate` (benchmarks/gate_sim.py measures
-how close it gets: 0.0-1.0% of baselines above 3% in its twelve cells, 5- and 10-run baselines, in the README).
+`guard_baselines` of baselines give false alarms above `guard_rate` (docs/gate.md has how close it gets, as
+quality/gate_sim.py measures it).
 
 Two steps, each done once: `estimate` turns one scenario's runs into d, its standard error, p and
 guard; `decide_family` adjusts the p-values of the scenarios decided together and gives each its
@@ -74,8 +74,7 @@ class GateConfig:
     alpha: float = 0.01            # family-wise significance level, per direction
     threshold: float = 0.05        # default noise threshold; a scenario may set its own
     # The fallback prior of the run-to-run spread, used only when the baseline holds too few scenarios
-    # with repeated runs to fit one. Measured on the shared 2-core CPU machine this project is built on:
-    # 6% to 13% between separate processes (benchmarks/gate_quality.py).
+    # with repeated runs to fit one: a shared CPU runner's spread between processes (docs/gate.md).
     run_noise: float = 0.10
     prior_runs: float = 2.0        # how many runs of evidence the fallback prior is worth
     adjust: str = "holm"           # holm | bonferroni | bh
@@ -83,14 +82,10 @@ class GateConfig:
     min_runs: int = 3              # candidate runs (fresh processes) before "slower" or "faster" can be said
     max_runs: int | None = None    # the replication budget, candidate runs at most (None: 7, or min_runs if more)
     guard_rate: float = 0.03       # no baseline should give false alarms more often than this ...
-    # ... except this share of baselines. 0.5% with a budget of 7 runs (benchmarks/gate_sim.py, 1000 fixed baselines
-    # x 300 candidates a cell): baselines above 3% false alarms 0.4-1.1% of them (1.3-3.8% at 1% and 5 runs), +10%
-    # at a 3% spread found in 90% of cases, 1.3-1.5 runs on average for unchanged code
-    guard_baselines: float = 0.005
+    guard_baselines: float = 0.005  # ... except this share of baselines (what that costs in power: docs/gate.md)
     window: int | None = None      # compare with the latest N baseline runs (the prior still uses them all)
     # Replicate a possible slowdown whose one-sided p is below this: loose on purpose, it only decides
-    # whether to spend processes (benchmarks/gate_sim.py: 0.2 found +10% at a 3% spread in 90% of cases
-    # at 1.4 runs on average for unchanged code, where chasing only what the projection promised found 79%)
+    # whether to spend processes, never what is said (docs/gate.md weighs it against a stricter rule)
     chase_p: float = 0.2
 
     def __post_init__(self):
@@ -304,13 +299,12 @@ def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prio
         # runs orders of magnitude apart: not the two levels the model knows; one level, widened by them
         prior = replace(prior, slow=None, source=f"{prior.source}; one level here: runs too far apart for two")
     # One candidate run has no spread of its own: it is taken to spread like this scenario's baseline.
-    # Given only the machine's prior, a prior fitted from scenarios of very different spreads is worth
-    # almost nothing (0.5 df on a stored pool of this machine) and the first look could never chase.
+    # Given only the machine's prior, a prior fitted from scenarios of very different spreads may be worth
+    # under one degree of freedom, and the first look could never chase.
     pooled = pooled or m == 1
     # Each side's spread from its own runs, each moderated toward the machine's prior (Welch, not a pooled
     # variance): a candidate whose processes disagree (two of three slow) widens its own interval. Pooled,
-    # such a candidate against a 10-run baseline whose runs all happened to be fast gave false alarms above
-    # 3% for 4.7% of baselines (benchmarks/gate_sim.py --baseline-runs 10, 3% spread with slow processes).
+    # such a candidate borrows the quietness of a baseline whose runs all happened to be fast (docs/gate.md).
     if pooled:
         ss = float(np.sum((b_log - b_log.mean()) ** 2) + np.sum((c_log - c_log.mean()) ** 2))
         vb, df_b = prior.moderate(ss / (k + m - 2) if k + m > 2 else 0.0, k + m - 2)
@@ -484,7 +478,7 @@ def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConf
     return [c if a is None else decide(c, a, config, how, advice) for c, a in zip(estimates, adj)]
 
 
-SLOW_MACHINE_RUNS = 10   # baseline runs that give the two-level model its power (benchmarks/gate_sim.py)
+SLOW_MACHINE_RUNS = 10   # baseline runs that give the two-level model its power (docs/gate.md)
 
 
 def baseline_warnings(name: str, created: Sequence[str | None], uniform_within_s: float = 3600.0,
@@ -496,8 +490,6 @@ def baseline_warnings(name: str, created: Sequence[str | None], uniform_within_s
 
     out = []
     if prior is not None and prior.slow is not None and len(created) < SLOW_MACHINE_RUNS:
-        # measured at a 3% spread with 20% of processes 16% slow: +10% found in 53% of cases with 5 baseline
-        # runs and 93% with 10 (up to 7 candidate runs)
         out.append(f"baseline {name!r}: this machine's runs show slow processes ({prior.slow.source}); with "
                    f"{len(created)} baseline runs the gate may miss a real slowdown (simulated: +10% found in about "
                    f"half of cases from 5 runs, 9 in 10 from {SLOW_MACHINE_RUNS}); record {SLOW_MACHINE_RUNS} runs "

@@ -17,7 +17,7 @@ is the honest one). The spread prior is then fitted from the runs judged fast on
 `level_posterior` is one side's fast level given its runs: a flat prior on the level and the spread
 from the machine's prior. Were share, excess and spread known, the flat-prior posterior of a location
 would be its exact frequentist answer given the runs' pattern (Pitman); they are estimated, so the
-error rates are measured (benchmarks/gate_sim.py). A side whose runs all look alike keeps the chance
+error rates are measured (docs/gate.md). A side whose runs all look alike keeps the chance
 that all of them were slow. `difference` is the posterior of candidate level minus baseline level, whose tail is the
 gate's p-value and whose quantiles are its interval and guard.
 """

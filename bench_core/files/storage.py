@@ -1,62 +1,8 @@
 """The one owner of every on-disk format, and the only module that touches the disk.
 
-Every format has its name, its schema version with the history below, its writer and its reader
-(which validates the whole file before anything uses it). Every write is atomic; a new file never
-replaces an existing one (`write_new`), and a baseline grows only by appending a run.
-
-JSON files (session results, baselines and A/B decision records share the version number):
-  1 (bench_core 0.1.0): first version. A session file holds `environment` once and `results`, a list
-    of measurements with raw samples (`host_ms`, `gpu_ms`), the scenario record and the cold start;
-    `errors` lists scenarios that failed; `comparisons` (when gated) the gate's decisions. A baseline
-    holds `runs`, each one session's environment and results; a baseline grows by appending runs,
-    never by rewriting old ones. A/B decision records (`bench_core.decision`) carry the same version.
-  2 (bench_core 0.2.0): a result's `summary` no longer carries `median_ci95` (a bootstrap run on every
-    write); derived figures are computed from the raw samples when read or shown. Comparisons carry
-    `confidence` (the level of their interval), `adjustment` and `method`. Each run has a `run_id`; a
-    baseline holding one run twice (the same `run_id`, or for version 1 runs the same `created` and the
-    same samples) is refused. A session run with
-    `--bench-against REV` has `against`: both revisions (commit, dirty state and the hash of its diff),
-    per scenario the raw samples of every round and side, the decision and the files each side's code
-    came from with their sha256. A result's `memory` has `window_peak_bytes`, the timed window's own peak
-    over what was allocated when it began (absent: not observed). Version 1 files are read as before.
-  3 (bench_core 0.3.0): the stored-baseline gate moderates its variance and replicates processes. A
-    comparison carries `looks`, `min_runs`, `guard`, `run_spread`, `baseline_spread`, `prior` and
-    `more_runs`; a gated session file has `replicas`: per scenario, the measurements (raw samples) of the
-    fresh processes the gate started, never read back as results. A result may carry `telemetry`: the GPU's
-    clocks, clock event (throttle) reasons, temperature, power and other processes just before and after
-    its window, from NVML, and the `flags` they raise (absent: not observed); and `work`: its counted
-    FLOPs in all, per operator and per module, and the operators without a FLOP formula with their calls
-    (absent: not counted). Versions 1 and 2 are read as before. Added later within version 3, each optional:
-    a comparison's `looks_at` (where its looks fall, in words) and `achieved_flops` (baseline and current
-    FLOP/s, where both were counted); an A/B record's `flops` (counted FLOPs per step, per side); under
-    `--bench-against`, a scenario's rounds may run past the first look (sequential: the comparison's
-    `looks` and `looks_at` say where it could stop). A result of a distributed scenario carries `ranks`: world
-    size, hosts, backend, every rank's samples per step (host, GPU, and the local step with gradient sync off),
-    every rank's cold start, the replicas' largest difference and the single-process reference check, and the
-    1-rank samples of a scaling run; its `host_ms` / `gpu_ms` are then the maximum over ranks of each step.
-    Since 2026-12-03 the gate moderates each side's spread on its own (Welch): a comparison's `run_spread` is
-    the baseline side's, and it may carry `candidate_spread`, `spread_df` (the two spreads' degrees of
-    freedom) and `pooled` (true: one spread for both sides, when the prior was only the fixed guess or the
-    candidate had one run). Later the same day, where the baseline's history shows slow processes as a second
-    level, a comparison may carry `slow_runs` (how many runs of the baseline and of the candidate were likely
-    slow) and `slow_share`; its `prior` then names the slow share and excess, its `se` is the posterior's sd
-    and its `df` null (the interval is the posterior's, not a t interval). A `df` or `spread_df` entry that is
-    infinite (a spread known exactly) is written as null: JSON has no infinity.
-
-Torch files, each with its own version:
-  starting state (`bench_core.state`) 1 (0.1.0): payload (model, optimizer, rng, flags, batches), meta,
-    sha256 of the payload's content.
-    2 (0.2.0): the payload also holds `grads` (every parameter's gradient, None where there is none) and
-    `modes` (every module's train/eval flag); the hash leaves out the Python and NumPy RNG states, which
-    differ between processes unless seeded (`meta.hash_excludes` says so). Version 1 files are read:
-    their hash is checked the old way and a restore starts with empty gradients.
-  correctness reference (`bench_core.reference`) 1 (0.1.0): the baseline's per-step and final tensors,
-    the number of steps and the hash of the starting state saved beside it (NAME.state.pt). Since 0.2.0 it
-    also records the `device` the baseline ran on (absent in older files: not recorded); its tensors are
-    stored on the CPU.
-
-Other files, written in their owners' formats: Chrome traces of the diagnose pass (a new name per
-trace) and pytest-benchmark's JSON export.
+Every format has its name, its schema version, its writer and its reader (which validates the whole file
+before anything uses it). Every write is atomic; a new file never replaces an existing one (`write_new`), and a
+baseline grows only by appending a run. What each version changed is written down in docs/formats.md.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Two versions of one scenario measured side by side in one process, in rounds of fresh instances.
 
-Where timing noise lives on a shared machine (measured in shared/noise-layers): the level of a whole run
+Where timing noise lives on a shared machine (docs/measurements.md): the level of a whole run
 drifts, so the two sides alternate sample by sample in a seeded random order, and each pair's ratio
 cancels the drift. But each instance (each set of allocations) keeps a bias of its own of several
 percent on memory-bound and CNN work, so every round builds both sides anew, and the *round* is the

@@ -51,7 +51,7 @@ def gc_paused() -> Iterator[None]:
 def gc_frozen() -> Iterator[None]:
     """Collect once, then freeze every object that exists: later collections (one per round of fresh
     instances) traverse only what was made since, so they cost microseconds instead of the ~80 ms a
-    full collection takes once torch is imported (measured here)."""
+    full collection can take once torch is imported."""
     gc.collect()
     gc.freeze()
     try:

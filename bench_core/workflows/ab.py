@@ -158,18 +158,14 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
     tensors: e.g. `lambda: bind(variant, state, make_model())`). Every round builds both anew and
     alternates `pairs` pairs in a seeded random order (see `sidebyside`); the speedup is exp(-mean of the
     rounds' median log ratios), its interval (at 1 - alpha) and p (two-sided) come from a t-test over rounds, so the
-    bias each instance carries (several percent on memory-bound and CNN work here) is inside the
-    interval. Same verdict rule as `ab`.
+    bias each instance carries (several percent on memory-bound and CNN work) is inside the interval. Same
+    verdict rule as `ab`.
 
     Sequential, as `--bench-against` is: the first look after `rounds` rounds; a difference it leaves
     undecided but likely (p < `chase_p`, either direction: a speed-up is what an A/B is usually after)
     runs on, a look every `rounds` rounds, up to `max_rounds` (3 x rounds unless given; = rounds: one
     look). Alpha is split over the looks (Bonferroni), so the error rate holds whatever the path, and the
-    interval shown is at that split level.
-
-    8 pairs a round: on the CNN step here the round-to-round spread is mostly the pairs' own noise (pair
-    sd 12-17%, a set of allocations 0-2%: 3 x 30 rounds x 16 pairs, A/A), so 4 pairs left a round's
-    estimate at 5-8% and found 5% in 15 of 20 calls; 8 pairs brings it to 4-5% for 1.6x the calls.
+    interval shown is at that split level. Why 8 pairs a round: docs/validation.md.
     """
     max_rounds = 3 * rounds if max_rounds is None else max_rounds
     if max_rounds < rounds:

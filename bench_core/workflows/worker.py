@@ -128,8 +128,8 @@ class Worker:
 
     def wait_ready(self) -> None:
         """Ready to serve: started, and the assigned test loaded."""
-        # importing torch on a loaded 2-core runner took over 3 s: a slow start is not a hang, so the start
-        # gets at least STARTUP_S whatever the per-command limit
+        # importing torch on a loaded runner takes seconds: a slow start is not a hang, so the start gets at
+        # least STARTUP_S whatever the per-command limit
         if not self._started:
             self._read(expect="ready", timeout_s=max(self.timeout_s, STARTUP_S))
             self._started = True
@@ -222,9 +222,8 @@ class Worker:
 class WorkerPool:
     """Worker processes kept for a whole session, slot by slot ((side, k) -> Worker): a pair of processes
     serves one scenario after another, because starting one (importing torch) costs seconds and sampling
-    a scenario in it well under one. Measured with benchmarks/against_quality.py --isolated: a process
-    pair per scenario made worker mode 33x a plain run, the pool 7.8x. A worker that failed is ended and its slot
-    started afresh; `close()` ends every one, by its own pid."""
+    a scenario in it well under one (docs/side-by-side.md has the cost of each). A worker that failed is ended
+    and its slot started afresh; `close()` ends every one, by its own pid."""
 
     def __init__(self, timeout_s: float = 600.0):
         self.timeout_s = timeout_s
