@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         print(f"  trial {i} done", file=sys.stderr)
     ab, aa = results["A/B"], results["A/A"]
     detected = sum(r["verdict"] == "faster" for r in ab)
-    false_calls = sum(r["verdict"] != "no significant difference" for r in aa)
+    false_calls = sum(r["verdict"] in ("faster", "slower") for r in aa)
     covered = sum(r["ci"][0] is not None and r["ci"][0] <= 1.0 <= r["ci"][1] for r in aa)
     true_speedup = ns.calls / (ns.calls - 1)
     span = lambda rs: f"{min(r['speedup'] for r in rs):.3f} .. {max(r['speedup'] for r in rs):.3f}"

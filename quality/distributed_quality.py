@@ -3,8 +3,8 @@
 Each trial launches real ranks (gloo, world size 2, one thread each) on the DDP MLP step of
 benchmarks/test_distributed.py:
   straggler A/A   one measurement launch of identical ranks: a named straggler is a false call
-  A/B  A/A        bench.ab_distributed with the same settings on both sides: any verdict but
-                  "no significant difference" is a false call
+  A/B  A/A        bench.ab_distributed with the same settings on both sides: "faster" or "slower"
+                  is a false call
   A/B  slower     the candidate runs one wasted forward pass (no_grad) per step: the same result, more work;
                   "slower" is a detection, and the candidate must pass correctness
 Usage: python quality/distributed_quality.py --trials 10 [--rounds 8 --pairs 4] [--no-straggler]
@@ -87,7 +87,7 @@ def main() -> None:
               f"[{time.time() - t0:.0f} s]", flush=True)
     named = sum(r["named"] for r in out["straggler_aa"])
     widths = sorted(r["ci"][1] / r["ci"][0] for r in out["ab_aa"] if r["ci"][0])
-    aa = sum(r["verdict"] != "no significant difference" for r in out["ab_aa"])
+    aa = sum(r["verdict"] in ("faster", "slower") for r in out["ab_aa"])
     slower = sum(r["verdict"] == "slower" for r in out["ab_slower"])
     correct = sum(r["correct"] for r in out["ab_slower"])
     speedups = sorted(r["speedup"] for r in out["ab_slower"])

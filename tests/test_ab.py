@@ -4,7 +4,7 @@ import pytest
 
 from bench_core import ScenarioError
 from bench_core.deciding.paired import paired_decision
-from bench_core.deciding.verdicts import FASTER, NO_DIFFERENCE, REJECTED, SLOWER
+from bench_core.deciding.verdicts import FASTER, INCONCLUSIVE, REJECTED, SLOWER, UNCHANGED
 from bench_core.workflows.ab import ab, source_identity
 from bench_core.timing.backends import CudaBackend
 from fakes import FakeClock, FakeGPU
@@ -48,10 +48,10 @@ def test_order_within_pairs_is_random_and_seeded():
     assert calls == first                                # and the order is reproducible
 
 
-def test_exactly_equal_callables_are_no_difference():
+def test_exactly_equal_callables_are_unchanged():
     clock = FakeClock()
     res = ab(lambda: clock.advance_ms(2), lambda: clock.advance_ms(2), clock=clock)
-    assert res.verdict == NO_DIFFERENCE and res.speedup == 1.0
+    assert res.verdict == UNCHANGED and res.speedup == 1.0
 
 
 def test_slower_candidate():
@@ -60,10 +60,15 @@ def test_slower_candidate():
     assert res.verdict == SLOWER and res.speedup == pytest.approx(2 / 2.2)
 
 
-def test_small_effect_below_min_effect_is_no_difference():
+def test_a_small_effect_inside_the_minimum_is_unchanged_and_a_wide_interval_inconclusive():
     base = [10.0 + 0.01 * i for i in range(30)]
     cand = [v / 1.004 for v in base]                     # a real but negligible 0.4%
-    assert paired_decision(base, cand, min_effect=0.01).verdict == NO_DIFFERENCE
+    d = paired_decision(base, cand, min_effect=0.01)
+    assert d.verdict == UNCHANGED and 1 / 1.01 <= d.ci_low <= d.ci_high <= 1.01
+    rng = np.random.default_rng(3)                       # no change, but pairs that scatter by 10%
+    noisy = [v * float(np.exp(rng.normal(0, 0.1))) for v in base]
+    d = paired_decision(base, noisy, min_effect=0.01)
+    assert d.verdict == INCONCLUSIVE and "too wide to rule out" in d.reason and d.ci_low < 1 / 1.01
 
 
 def test_incorrect_candidate_gets_no_speed_verdict_and_is_not_timed():
@@ -124,7 +129,7 @@ def test_paired_decision_refuses_unpaired_input():
     with pytest.raises(ValueError):
         paired_decision([1.0] * 10, [1.0] * 9)
     d = paired_decision([0.0] * 10, [1.0] * 10)
-    assert d.verdict == NO_DIFFERENCE and "0 ms" in d.reason
+    assert d.verdict == INCONCLUSIVE and "0 ms" in d.reason
     assert (d.speedup, d.ci_low, d.ci_high, d.p_value) == (None, None, None, None)
 
 
@@ -169,12 +174,12 @@ def test_plain_ab_mistakes_two_instances_for_two_programs_and_ab_rounds_does_not
     mistaken = 0
     for _ in range(10):   # identical code, one fixed instance per side, each with ~3% of its own bias
         a, b = _biased_factory(clock, 2.0, rng, 0.03)(), _biased_factory(clock, 2.0, rng, 0.03)()
-        mistaken += ab(a, b, clock=clock, repeats=20, warmup=1).verdict != NO_DIFFERENCE
+        mistaken += ab(a, b, clock=clock, repeats=20, warmup=1).verdict in (FASTER, SLOWER)
     assert mistaken >= 5
     for seed in range(5):
         r = ab_rounds(_biased_factory(clock, 2.0, rng, 0.03), _biased_factory(clock, 2.0, rng, 0.03),
                       clock=clock, rounds=12, pairs=2, seed=seed)
-        assert r.verdict == NO_DIFFERENCE, r.reason
+        assert r.verdict in (UNCHANGED, INCONCLUSIVE), r.reason
         assert r.ci_low < 1.0 < r.ci_high and r.params["rounds_run"] in (12, 24, 36)
         assert f"{r.params['rounds_run']} rounds" in r.reason
 
@@ -218,8 +223,7 @@ def test_ab_tables_have_their_headers_over_their_columns_and_say_which_way_speed
 
 
 def test_a_speedup_without_an_interval_is_shown_as_not_observed():
-    from bench_core.deciding.verdicts import NO_DIFFERENCE
     from bench_core.workflows.ab import ABResult
 
-    r = ABResult(NO_DIFFERENCE, "every round gave the same ratio", 1.25, None, None, None)
+    r = ABResult(INCONCLUSIVE, "every round gave the same ratio", 1.25, None, None, None)
     assert r.speedup_text == "1.250x [n/o]" and "1.250x [n/o]" in r.table()

@@ -17,7 +17,7 @@ import numpy as np
 from bench_core.core.stats import t_interval, t_test
 from bench_core.deciding.gate import Comparison
 from bench_core.deciding.paired import PairedDecision, speed_verdict
-from bench_core.deciding.verdicts import INCOMPARABLE, INCONCLUSIVE, NO_DIFFERENCE
+from bench_core.deciding.verdicts import INCOMPARABLE, INCONCLUSIVE
 
 SAME_RATIO = "every round gave the same ratio: the timer cannot resolve"
 
@@ -83,7 +83,7 @@ def rounds_decision(logs: Sequence[float], alpha: float, min_effect: float) -> P
     1 - alpha, the level the two-sided test decides at) and p (two-sided) from the t-test over rounds."""
     est = over_rounds(logs)
     if est.se is None:
-        return PairedDecision(NO_DIFFERENCE, f"{SAME_RATIO} the spread", math.exp(-est.log_ratio))
+        return PairedDecision(INCONCLUSIVE, f"{SAME_RATIO} the spread", math.exp(-est.log_ratio))
     p = min(1.0, 2 * est.p_one_sided())
     lo, hi = est.interval(1.0 - alpha)
     v = speed_verdict(math.exp(-est.log_ratio), math.exp(-hi), math.exp(-lo), p, alpha, min_effect)

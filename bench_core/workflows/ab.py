@@ -21,7 +21,7 @@ from bench_core.core.stats import summarize
 from bench_core.deciding.paired import paired_decision
 from bench_core.deciding.rounds import rounds_decision
 from bench_core.deciding.sequential import chase, planned_looks
-from bench_core.deciding.verdicts import NO_DIFFERENCE, REJECTED, SPEEDUP_MEANS
+from bench_core.deciding.verdicts import INCONCLUSIVE, REJECTED, SPEEDUP_MEANS
 
 
 
@@ -199,7 +199,7 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
         if min(flat) <= 0:
             return False
         d = rounds_decision(res.round_log_ratios, level, min_effect)
-        return chase(d.verdict == NO_DIFFERENCE, d.p_value, chase_p)
+        return chase(d.verdict == INCONCLUSIVE, d.p_value, chase_p)
 
     res = run_rounds({"baseline": builder("baseline", make_baseline), "candidate": builder("candidate", make_candidate)},
                      Sampler(name, backend or backend_for(device), clock), rounds=looks[0], pairs=pairs, seed=seed,
@@ -212,7 +212,7 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
     common = dict(params=params, identities=ident, correctness=corr, state_hash=state_hash,
                   environment=environment or {})
     if min(base + cand) <= 0:
-        return ABResult(NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None,
+        return ABResult(INCONCLUSIVE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None,
                         None, base, cand, cold, **common)
     v = rounds_decision(res.round_log_ratios, level, min_effect)
     return ABResult(v.verdict, v.reason, v.speedup, v.ci_low, v.ci_high, v.p_value, base, cand, cold, **common)

@@ -269,9 +269,9 @@ def ab_result(result: Mapping[str, Any], *, alpha: float, min_effect: float, par
         return ABResult(REJECTED, f"{why}: the candidate gets no speed verdict", None, None, None, None,
                         flat_b, flat_c, cold, **common)
     if min(flat_b + flat_c) <= 0:
-        from bench_core.deciding.verdicts import NO_DIFFERENCE
+        from bench_core.deciding.verdicts import INCONCLUSIVE
 
-        return ABResult(NO_DIFFERENCE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None,
+        return ABResult(INCONCLUSIVE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None,
                         None, flat_b, flat_c, cold, **common)
     logs = [float(np.median(np.log(c) - np.log(b))) for b, c in zip(base, cand)]
     d = rounds_decision(logs, alpha, min_effect)
