@@ -129,6 +129,21 @@ class BenchSession:
         """The scenario's time limit, as a context: a hang fails that scenario, by name."""
         return time_limit(self.config.timeout_s, scenario.name)
 
+    def watch(self, say: Callable[[str], None]) -> None:
+        """Progress lines for long runs from now on, each handed to `say` (between samples, never inside them)."""
+        from bench_core.output.progress import Progress
+
+        self.progress = Progress(say)
+
+    def collected(self, scenarios: int) -> None:
+        """How many scenarios this session will decide: the family each decision is adjusted for, known
+        before any is taken."""
+        self.family_size = scenarios
+
+    def not_compared(self, name: str, why: str) -> None:
+        """A scenario that exists, or runs, on one side only: said in the report, never passed over."""
+        self.one_side.append((name, why))
+
     def record_error(self, name: str, problem: str) -> None:
         """A scenario's failure, once, however many layers saw it."""
         if not any(n == name for n, _ in self.errors):

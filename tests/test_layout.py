@@ -182,6 +182,19 @@ def test_the_module_map_matches_the_tree():
     assert listed == on_disk, f"missing from the map: {on_disk - listed}; no such module: {listed - on_disk}"
 
 
+def test_every_class_fits_250_lines_every_function_80_and_the_pytest_shell_350():
+    """Sizes a reader can hold in one sitting (decorators and docstrings count)."""
+    too_long = []
+    for mod, tree in MODULES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                limit = 250 if isinstance(node, ast.ClassDef) else 80
+                if node.end_lineno - node.lineno + 1 > limit:
+                    too_long.append(f"{mod}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not too_long, too_long
+    assert len((PKG / "shells" / "plugin.py").read_text().splitlines()) <= 350
+
+
 def test_every_name_on_the_front_door_resolves():
     import bench_core
 

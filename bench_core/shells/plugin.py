@@ -39,9 +39,7 @@ def pytest_configure(config):
         scfg = opt.session_config(config.getoption, root, device)
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
         if config.getoption("verbose") > -2:   # -qq silences it
-            from bench_core.output.progress import Progress
-
-            session.progress = Progress(lambda line: _progress_line(config, line))
+            session.watch(lambda line: _progress_line(config, line))
         if scfg.against is not None:
             session.open_revision(root)
         config.stash[_KEY] = session
@@ -77,8 +75,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     bench = _session(session.config)
     if bench is not None:  # the family each decision is adjusted for, before any is taken (after -k, -m)
-        bench.family_size = sum(1 for i in session.items if "bench" in getattr(i, "fixturenames", ())
-                                and not i.get_closest_marker("skip"))
+        bench.collected(sum(1 for i in session.items if "bench" in getattr(i, "fixturenames", ())
+                            and not i.get_closest_marker("skip")))
 
 
 def pytest_unconfigure(config):

@@ -30,7 +30,7 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
             return session.run_against_workers(scenario, instance_from(fn, kwargs, scenario), sides,
                                                items=kwargs.get("items"), proof={"why_workers": why})
     if theirs is None:  # the revision lacks it or cannot load it: measured alone, and reported
-        session.one_side.append((name, f"measured on the current tree only: {why}"))
+        session.not_compared(name, f"measured on the current tree only: {why}")
         return session.run(scenario, fn, **kwargs)
 
     def rev_build(_round):
@@ -93,7 +93,7 @@ def worker_sides(session, request, name):
     loaded = session.revision
     spec, why = worker_spec(request, name)
     if spec is None:
-        session.one_side.append((name, why))
+        session.not_compared(name, why)
         return None
     return {"candidate": (worker_init(session, "candidate", import_roots(loaded.current_root, loaded.current_root)),
                           spec),

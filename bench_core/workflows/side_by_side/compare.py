@@ -176,7 +176,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
         if exc.side == "candidate":
             session.errors.append((scenario.name, exc.problem))
             raise ScenarioError(scenario.name, exc.problem) from exc
-        session.one_side.append((scenario.name, f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}"))
+        session.not_compared(scenario.name, f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}")
         res = None
     if res is None or isinstance(res, list):  # the current side was not timed here: measure it plainly
         with session.limited(scenario):
