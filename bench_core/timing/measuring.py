@@ -6,7 +6,8 @@ from typing import Any, Callable, Mapping
 from bench_core.timing.backends import Backend, backend_for
 from bench_core.core.errors import InvalidRecord, ScenarioError
 from bench_core.core.records import ColdStart, Measurement
-from bench_core.timing.sampling import Clock, Sampler, gc_paused, set_threads
+from bench_core.timing.protocol import series
+from bench_core.timing.sampling import Clock, Sampler, set_threads
 from bench_core.core.scenario import Scenario
 
 MIN_REPEATS = 2
@@ -51,18 +52,10 @@ def measure(
     used_threads = set_threads(threads)
 
     load_ms = sampler.elapsed_ms(load, "load") if load is not None else None
-    if setup is not None:
-        sampler.call("setup before the first call", setup)
-    cold = sampler.sample(fn, what="the first call (cold start)")
-
-    for i in range(warmup):
-        if setup is not None:
-            sampler.call(f"setup before warmup call {i}", setup)
-        sampler.call(f"warmup call {i}", fn)
-        if progress is not None:
-            progress("warmup", i + 1, warmup)
-
-    samples, memory, telemetry = _samples(sampler, fn, setup, block_size, repeats, progress)
+    window = _Window(backend)
+    taken = series(sampler, fn, warmup=warmup, repeats=repeats, setup=setup, block_size=block_size,
+                   window=lambda: window, progress=progress)
+    cold, samples = taken.cold, taken.samples
 
     try:
         return Measurement(
@@ -77,35 +70,34 @@ def measure(
             cold_start=ColdStart(cold.host_ms, cold.gpu_ms, load_ms),
             items=items,
             threads=used_threads,
-            memory=memory,
+            memory=window.memory,
             environment=environment or {},
-            telemetry=telemetry,
+            telemetry=window.telemetry,
         )
     except InvalidRecord as exc:
         raise ScenarioError(scenario.name, str(exc)) from exc
 
 
-def _samples(sampler: Sampler, fn, setup, block_size: int, repeats: int, progress):
-    """The timed samples, with the window's own memory and the GPU's telemetry around them (read outside it)."""
-    backend = sampler.backend
-    samples = []
-    gpu_before = backend.gpu_state()           # the device's clocks and throttling, read outside the window
-    with gc_paused():
-        backend.memory_begin()
-        for i in range(repeats):
-            if setup is not None:
-                sampler.call(f"setup before sample {i}", setup)
-            samples.append(sampler.sample(fn, block_size, what=f"sample {i}"))
-            if progress is not None:
-                progress("samples", i + 1, repeats)
-        memory = backend.memory_end()
-    gpu_after = backend.gpu_state()
-    telemetry = None
-    if gpu_before is not None and gpu_after is not None:
-        from bench_core.timing.telemetry import window_record
+class _Window:
+    """The samples' window: the device's memory over it, and the GPU's state read just outside it."""
 
-        telemetry = window_record(gpu_before, gpu_after)
-    return samples, memory, telemetry
+    def __init__(self, backend: Backend):
+        self.backend, self.memory, self.telemetry = backend, None, None
+
+    def __enter__(self) -> "_Window":
+        self.gpu_before = self.backend.gpu_state()     # clocks and throttling, read outside the window
+        self.backend.memory_begin()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is not None:
+            return
+        self.memory = self.backend.memory_end()
+        gpu_after = self.backend.gpu_state()
+        if self.gpu_before is not None and gpu_after is not None:
+            from bench_core.timing.telemetry import window_record
+
+            self.telemetry = window_record(self.gpu_before, gpu_after)
 
 
 def _scenario_of(fn: Callable[[], Any], scenario: Scenario | str | None) -> Scenario:

@@ -1,4 +1,8 @@
-"""Two versions of one scenario measured side by side in one process, in rounds of fresh instances.
+"""The two timing sequences every workflow takes its samples with: a *series* (one step: a cold first call kept
+apart, untimed warmup, timed samples) and *rounds* of alternated pairs (two versions of a scenario side by side,
+in rounds of fresh instances). A distributed rank uses both, with its barrier as the sampler's `before_sample`.
+
+Rounds, in more detail.
 
 Where timing noise lives on a shared machine (docs/measurements.md): the level of a whole run
 drifts, so the two sides alternate sample by sample in a seeded random order, and each pair's ratio
@@ -13,6 +17,7 @@ The decision over the rounds is `deciding.rounds`. Pure apart from calling the b
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -40,6 +45,67 @@ def on_side(side: str, fn: Callable[[], Any]) -> Any:
         raise
     except ScenarioError as exc:
         raise SideError(side, exc) from exc
+
+
+@dataclass(frozen=True)
+class Beside:
+    """A second step timed beside each sample of a series, in a random order with it (a rank's step with its
+    gradient sync off): `prepare()` runs untimed before it and returns what undoes it, run untimed after."""
+
+    fn: Callable[[], Any]
+    prepare: Callable[[], Callable[[], Any]]
+
+
+@dataclass(frozen=True)
+class Series:
+    cold: Sample
+    samples: tuple[Sample, ...]
+    beside: tuple[Sample, ...] = ()
+
+
+def series(sampler: Sampler, fn: Callable[[], Any], *, warmup: int, repeats: int,
+           setup: Callable[[], Any] | None = None, block_size: int = 1, beside: Beside | None = None,
+           order: random.Random | None = None, window: Callable[[], Any] = nullcontext,
+           progress: Callable[[str, int, int], None] | None = None,
+           phase: Callable[[str], Any] | None = None) -> Series:
+    """The series: `setup` (untimed, before every call), the first call timed as the cold start, `warmup`
+    calls untimed, then `repeats` samples of `block_size` calls each, inside `window()` (a context around the
+    samples alone: the memory window, a sampler's own bookkeeping) with the collector paused. With `beside`,
+    each sample is paired with one of the second step, the two in an order `order` shuffles. `phase(name)` is
+    told where the series is (cold start, warmup, samples); `progress(what, done, total)` how far it is."""
+    def prepared(what: str) -> None:
+        if setup is not None:
+            sampler.call(f"setup before {what}", setup)
+
+    phase = phase or (lambda name: None)
+    phase("cold start")
+    prepared("the first call")
+    cold = sampler.sample(fn, what="the first call (cold start)")
+    phase("warmup")
+    for i in range(warmup):
+        prepared(f"warmup call {i}")
+        sampler.warm(fn, f"warmup call {i}")
+        if progress is not None:
+            progress("warmup", i + 1, warmup)
+    samples: list[Sample] = []
+    besides: list[Sample] = []
+    phase("samples")
+    with gc_paused(), window():
+        for i in range(repeats):
+            kinds = ["step", "beside"] if beside is not None else ["step"]
+            if order is not None:
+                order.shuffle(kinds)
+            for kind in kinds:
+                if kind == "step":
+                    prepared(f"sample {i}")
+                    samples.append(sampler.sample(fn, block_size, what=f"sample {i}"))
+                else:
+                    undo = sampler.call(f"preparing beside sample {i}", beside.prepare)
+                    besides.append(sampler.sample(beside.fn, what=f"beside sample {i}"))
+                    sampler.call(f"undoing beside sample {i}", undo)
+            if progress is not None:
+                progress("samples", i + 1, repeats)
+    return Series(cold, tuple(samples), tuple(besides))
 
 
 @dataclass(frozen=True)

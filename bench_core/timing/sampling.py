@@ -137,6 +137,12 @@ class Sampler:
             self.before_sample()
         return self.call(what, lambda: self._timed(fn, calls, what))
 
+    def warm(self, fn: Callable[[], Any], what: str) -> Any:
+        """An untimed call of the step, after `before_sample` as a timed one would be (a rank's barrier)."""
+        if self.before_sample is not None:
+            self.before_sample()
+        return self.call(what, fn)
+
     def elapsed_ms(self, fn: Callable[[], Any], what: str) -> float:
         """Host time of one untimed-window step such as `load`, after its device work has finished."""
         t0 = self.clock()

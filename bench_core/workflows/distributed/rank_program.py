@@ -251,12 +251,8 @@ class _Rank:
             raise TypeError(f"{self.spec['builder']} returned {type(inst).__name__}, not a RankStep")
         return inst
 
-    def timed(self, fn, what):
-        return self.sampler.sample(fn, what=what)   # after the barrier (the sampler's before_sample)
-
     def untimed(self, fn, what):
-        self.dist.barrier()
-        return self.sampler.call(what, fn)
+        return self.sampler.warm(fn, what)   # after the barrier, as a timed step would be
 
     def me(self) -> dict:
         return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(), "threads": self.threads}
@@ -280,30 +276,17 @@ def _ms(samples, on_gpu: bool) -> dict:
 
 
 def measure_rank(me: _Rank) -> dict:
-    """Cold start, warmup, samples (with the local step beside, where given), replica check, reference."""
-    from bench_core.timing.sampling import gc_paused
+    """The series (`timing.protocol.series`, behind the rank's barrier, the local step beside where given),
+    then the replica check and the reference."""
+    from bench_core.timing.protocol import Beside, series
 
     spec, status = me.spec, me.status
     status("build")
     inst = me.build()
-    status("cold start")
-    cold = me.timed(inst.step, "the first step (cold start)")
-    status("warmup")
-    for i in range(spec["warmup"]):
-        me.untimed(inst.step, f"warmup step {i}")
-    step, local = [], []
-    status("samples")
-    with gc_paused():
-        for i in range(spec["repeats"]):
-            kinds = ["step", "local"] if inst.local_step is not None else ["step"]
-            me.order.shuffle(kinds)
-            for kind in kinds:
-                if kind == "step":
-                    step.append(me.timed(inst.step, f"step {i}"))
-                else:
-                    restore = me.sampler.call("the snapshot before a local step", inst.snapshot)
-                    local.append(me.timed(inst.local_step, f"local step {i}"))
-                    me.sampler.call("restoring the state after a local step", restore)
+    beside = None if inst.local_step is None else Beside(inst.local_step, inst.snapshot)
+    taken = series(me.sampler, inst.step, warmup=spec["warmup"], repeats=spec["repeats"], beside=beside,
+                   order=me.order, phase=status)
+    cold, step, local = taken.cold, list(taken.samples), list(taken.beside)
     status("checking the replicas")
     diff = _max_diff_from_rank0(inst.replicated(), me.device) if inst.replicated is not None else None
     loc = _ms(local, me.on_gpu)
