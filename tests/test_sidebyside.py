@@ -192,6 +192,20 @@ def test_a_worker_serves_fresh_instances_and_samples(tmp_path):
     assert w.proc.poll() is not None
 
 
+def test_a_worker_whose_code_prints_still_answers_and_its_prints_go_to_its_log(tmp_path):
+    """A model that reports its size on stdout (and a lot of it: more than a pipe holds) must not break the
+    channel; what it printed is kept, and named when the worker fails."""
+    from bench_core.workflows.worker import Worker
+
+    init, spec = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
+                                        'print("number of parameters: 0.41M\\n" * 20000, flush=True)\n    '
+                                        'bench.run(Scenario("w", ("compute",)), lambda: None)')
+    with Worker(init, spec=spec) as w:
+        w.wait_ready()
+        assert w.build().name == "w" and w.sample().host_ms >= 0
+        assert w.log_tail(1) == ["number of parameters: 0.41M"]
+
+
 def test_a_pool_serves_one_scenario_after_another_and_ends_a_worker_that_failed(tmp_path):
     import os
 

@@ -12,7 +12,8 @@ command:
                       process's run, as the gate's replication asks for
   {"cmd": "quit"}     end
 Failures come back as {"error": "..."}; the worker keeps serving. Timing happens here, so the pipe never
-enters a sample.
+enters a sample. The channel is the worker's original stdout, kept for the replies alone: whatever the user's
+code prints (a model that reports its size) goes to the worker's log, never into the channel.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -121,8 +123,9 @@ class Worker:
         if spec is not None:
             self.assign(spec)
         # the parent's pid on the command line: a worker whose parent is gone is an orphan, findable by anyone
+        self.log = tempfile.TemporaryFile()   # what the worker's code prints: a file, never a pipe that fills up
         self.proc = children.start([sys.executable, "-m", "bench_core.workflows.worker", "--parent", str(os.getpid())],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                    bufsize=1)
         self._write(init)   # it imports and loads while the parent starts the other side's worker
 
@@ -164,7 +167,7 @@ class Worker:
         if not line:
             why = "did not answer in time" if not ready else "ended"
             self._kill()                      # a hung or broken worker gets no polite goodbye
-            err = (self.proc.stderr.read() or "").strip().splitlines()[-3:]
+            err = self.log_tail()
             self.close()
             raise ScenarioError(self.scenario, f"the {self.side}'s worker process {why}: "
                                                f"{' / '.join(err) or 'no output'}")
@@ -195,6 +198,14 @@ class Worker:
         out = self._send({"cmd": "measure", "warmup": warmup, "repeats": repeats}, expect="measurement")
         return measurement_from_doc(out["measurement"], environment)
 
+    def log_tail(self, lines: int = 3) -> list[str]:
+        """The last lines the worker printed (its tracebacks, its code's own prints)."""
+        try:
+            self.log.seek(0)
+            return self.log.read().decode(errors="replace").strip().splitlines()[-lines:]
+        except (OSError, ValueError):
+            return []
+
     def _kill(self) -> None:
         children.end(self.proc, grace_s=0.0)
 
@@ -208,7 +219,7 @@ class Worker:
 
     def close(self) -> None:
         children.end(self.proc, ask=self.ask_to_quit, grace_s=QUIT_GRACE_S)
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for stream in (self.proc.stdin, self.proc.stdout, self.log):
             if not stream.closed:
                 stream.close()
 
@@ -272,4 +283,6 @@ def import_roots(current_root: Path, side_root: Path, sys_path=None) -> list[str
 
 
 if __name__ == "__main__":
-    serve()
+    channel = os.fdopen(os.dup(1), "w", buffering=1)   # the replies' own copy of stdout
+    os.dup2(2, 1)                                      # prints by the code under test go to the log
+    serve(stdout=channel)
