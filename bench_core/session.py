@@ -61,6 +61,7 @@ class SessionConfig:
     save_references: bool = False      # record references instead of checking against them
     against: side_by_side.AgainstConfig | None = None
     topology: Any = None               # a distributed Topology given on the command line (--bench-nproc...), or None
+    replica: Path | None = None        # a fresh process of the gate's replication: its measurements go here
 
 
 class BenchSession:

@@ -602,3 +602,39 @@ def test_ddp(bench):
     res = bt.runpytest("--gpu", "--bench-nproc", "4", "--bench-no-out")
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*4 ranks on this host need one GPU each, and it has 1*"])
+
+
+FIXTURED = '''
+import pytest
+from bench_core import Scenario
+from fakes import FakeClock, work
+
+
+@pytest.fixture
+def cost():
+    print("number of parameters: 0.41M")     # a model that reports its size
+    return {level}
+
+
+@pytest.mark.parametrize("kind", [object])  # a parameter JSON cannot carry
+def test_fixtured(bench, cost, kind):
+    clock = FakeClock()
+    bench.run(Scenario("fixtured", ("forward",)), work(clock, 50.0, cost), clock=clock)
+'''
+
+
+def test_replication_reruns_the_pytest_item_itself_so_fixtures_and_any_parameter_reach_slower(bt):
+    """The gate's fresh processes run the test item again through pytest (its fixtures, its parameters, a model
+    that prints): a 10x slowdown of a fixture-built scenario is called slower from three processes."""
+    bt.makepyfile(test_f=FIXTURED.format(level=2.0))
+    for i in range(3):
+        bt.runpytest("--bench-save", "main", *(["--bench-append"] if i else []), "--bench-repeats", "6",
+                     "--bench-no-out").assert_outcomes(passed=1)
+    bt.makepyfile(test_f=FIXTURED.format(level=20.0))
+    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "6")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'fixtured': slower against baseline 'main'*"])
+    doc = json.loads(max((bt.path / ".bench" / "results").glob("session-*.json")).read_text())
+    (c,) = doc["comparisons"]
+    assert c["verdict"] == "slower" and c["candidate_runs"] == 3 and "2 fresh process(es)" in c["method"]
+    assert [r["summary"]["median"] for r in doc["replicas"]["fixtured"]] == [20.0, 20.0]

@@ -23,6 +23,7 @@ SCHEMA_VERSION = 3
 SESSION_FORMAT = "bench_core.session"
 BASELINE_FORMAT = "bench_core.baseline"
 DECISION_FORMAT = "bench_core.decision"
+REPLICA_FORMAT = "bench_core.replica"         # a fresh process's measurements, read back at once, never stored
 STATE_FORMAT, STATE_SCHEMA_VERSION = "bench_core.state", 2
 REFERENCE_FORMAT, REFERENCE_SCHEMA_VERSION = "bench_core.reference", 1
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -419,6 +420,20 @@ def by_scenario(runs: Sequence[Sequence[Measurement]]) -> dict[str, list[Measure
         for m in run:
             out.setdefault(m.name, []).append(m)
     return out
+
+
+def write_replica(path: Path, results: Sequence[Measurement]) -> Path:
+    """A fresh process's measurements, by scenario, for the process that started it (`read_replica`)."""
+    return write_new(Path(path), _dump({"format": REPLICA_FORMAT, "schema_version": SCHEMA_VERSION,
+                                        "results": {m.name: measurement_doc(m) for m in results}}))
+
+
+def read_replica(path: Path, name: str, environment: Mapping[str, Any]) -> Measurement | None:
+    """Scenario `name`'s measurement from a fresh process's replica file; None when it measured no such scenario."""
+    doc = _read_json(path)
+    _check_header(doc, Path(path), REPLICA_FORMAT)
+    d = doc.get("results", {}).get(name)
+    return None if d is None else measurement_from_doc(d, environment)
 
 
 def write_decision(folder: Path, record: Mapping[str, Any], name: str) -> Path:

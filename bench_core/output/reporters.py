@@ -56,6 +56,12 @@ def plots(s) -> str:
     return f"{len(written)} distribution plot(s) written to {s.config.plots}"
 
 
+def replica_file(s) -> str:
+    """A fresh process's measurements, for the process that started it (the gate's replication)."""
+    path = storage.write_replica(s.config.replica, s.results)
+    return f"replica measurements written to {path}"
+
+
 def baseline_run(s) -> str:
     path, n = storage.save_baseline(s.config.baselines_dir, s.config.save, s.results, s.environment,
                                     append=s.config.append)
@@ -79,6 +85,8 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
         reporters.append(markdown_report)
     if s.config.plots is not None:
         reporters.append(plots)
+    if s.config.replica is not None:
+        reporters.append(replica_file)
     if s.config.save is not None and s.results:
         if incomplete and not s.config.save_incomplete:
             reporters.append(lambda s: f"baseline {s.config.save!r} NOT saved: {incomplete}; a baseline run must be "

@@ -62,7 +62,7 @@ MD, WIDE, PLOTS, FLOPS, PEAK, STRICT, TIMEOUT = ("--bench-md", "--bench-wide", "
 AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-rounds", "--bench-pairs",
                                                     "--bench-worker-pairs", "--bench-max-rounds")
 NPROC, NNODES, NODE_RANK, RDZV = "--bench-nproc", "--bench-nnodes", "--bench-node-rank", "--bench-rdzv-endpoint"
-PB_JSON, REF_SAVE, REFS = "--bench-pb-json", "--bench-ref-save", "--bench-references"
+PB_JSON, REF_SAVE, REFS, REPLICA = "--bench-pb-json", "--bench-ref-save", "--bench-references", "--bench-replica"
 PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK = ("--bench-profile", "--bench-profile-shapes",
                                                           "--bench-profile-memory", "--bench-profile-stack")
 PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE = ("--bench-profile-flops", "--bench-profile-tensorboard",
@@ -131,6 +131,8 @@ def _options() -> tuple[Option, ...]:
         Option(RDZV, "where the hosts of a multi-host run meet (node 0's address and a free port)", str,
                metavar="HOST:PORT"),
         Option(PB_JSON, "also write the results in pytest-benchmark's JSON format here", str),
+        Option(REPLICA, "(used by the gate's replication) write this process's measurements to PATH for the process "
+                        "that started it, and nothing else", str, metavar="PATH"),
         Option(REF_SAVE, "save reference files (starting state + baseline outputs) for bench.reference checks"),
         Option(REFS, "folder of reference files", str, "references"),
         Option(PROFILE, "diagnose: after each measurement, one profiler pass; traces and hypotheses go to DIR", str,
@@ -240,7 +242,7 @@ def session_config(value: Values, root: Path, device: str):
         timeout_s=value(TIMEOUT) or None, strict=value(STRICT),
         markdown=Path(value(MD)) if value(MD) else None, wide=value(WIDE),
         plots=root / value(PLOTS) if value(PLOTS) else None, count_flops=value(FLOPS), peak_tflops=value(PEAK),
-        topology=topology(value))
+        topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None)
     if cfg.plots is not None:   # found now, not after minutes of measuring
         from bench_core.output.plots import NEEDS, available
 

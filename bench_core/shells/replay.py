@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import inspect
 import json
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from bench_core.core.errors import ScenarioError
+from bench_core.files import children, storage
+from bench_core.shells import options as opt
 from bench_core.workflows.side_by_side.capture import capture, instance_from
 
 
@@ -102,18 +107,45 @@ def worker_sides(session, request, name):
 
 
 def replicator(session, request, name):
-    """The gate's replication: this test measured again in a fresh process of this tree, which imports
-    what this process imports (its whole sys.path)."""
-    from bench_core.workflows.worker import Worker
-
-    spec, why = worker_spec(request, name)
+    """The gate's replication: this test item run again by pytest in a fresh process of this tree, with its own
+    fixtures, parameters and conftest files, measuring only; its measurement of this scenario comes back."""
+    config = request.config
+    root = Path(str(config.rootpath))
+    limit = (session.config.timeout_s or 600.0) + STARTUP_S
 
     def replicate(warmup, repeats):
-        if spec is None:
-            raise ScenarioError(name, why)
-        init = worker_init(session, "candidate", [p for p in sys.path if p])
-        with Worker(init, timeout_s=session.config.timeout_s or 600.0, spec=spec) as worker:
-            worker.wait_ready()
-            worker.build()
-            return worker.measure(warmup, repeats, session.environment)
+        with tempfile.TemporaryDirectory(prefix="bench_core-replica-") as tmp:
+            out, log_path = Path(tmp) / "replica.json", Path(tmp) / "pytest.log"
+            argv = replica_command(session, request.node.nodeid, root, config.inipath, out, warmup, repeats)
+            with open(log_path, "wb") as log:
+                proc = children.start(argv, cwd=str(root), stdout=log, stderr=subprocess.STDOUT)
+                try:
+                    code = proc.wait(timeout=limit)
+                except subprocess.TimeoutExpired:
+                    code = None
+                finally:
+                    children.end(proc)
+            tail = " / ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])
+            if code is None:
+                raise ScenarioError(name, f"the fresh process ran past {limit:g} s and was ended: {tail}")
+            m = storage.read_replica(out, name, session.environment) if out.exists() else None
+            if m is None:
+                raise ScenarioError(name, f"the fresh process (pytest {request.node.nodeid}, exit {code}) did not "
+                                          f"measure this scenario: {tail}")
+            return m
     return replicate
+
+
+STARTUP_S = 120.0   # a fresh pytest imports torch and collects: seconds on a loaded runner, never a hang
+
+
+def replica_command(session, nodeid: str, root: Path, inipath, out: Path, warmup: int, repeats: int) -> list[str]:
+    """The pytest command that runs one test item again in a fresh process, measuring only (no gate, no files
+    but the replica's), with this session's device, counts and threads."""
+    c = session.config
+    argv = [sys.executable, "-m", "pytest", nodeid, "-q", "-p", "no:cacheprovider", f"--rootdir={root}",
+            "--bench-no-out", f"{opt.REPLICA}={out}", f"{opt.WARMUP}={warmup}", f"{opt.REPEATS}={repeats}",
+            f"{opt.THREADS}={'auto' if c.threads is None else c.threads}", f"{opt.TIMEOUT}={c.timeout_s or 0}"]
+    argv += ["-c", str(inipath)] if inipath else []
+    argv += [opt.GPU] if c.device == "cuda" else []
+    return argv + ([opt.QUICK] if c.quick else [])

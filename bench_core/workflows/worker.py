@@ -8,8 +8,6 @@ command:
                       the test to serve from now on (a worker serves one scenario after another)
   {"cmd": "build"}    call the test function again with a capturing bench: a fresh instance
   {"cmd": "sample"}   time one sample of it with the same sample loop as everything else (`sampling`)
-  {"cmd": "measure", "warmup": W, "repeats": R}   a whole measurement of it (`measuring.measure`): a fresh
-                      process's run, as the gate's replication asks for
   {"cmd": "quit"}     end
 Failures come back as {"error": "..."}; the worker keeps serving. Timing happens here, so the pipe never
 enters a sample. The channel is the worker's original stdout, kept for the replies alone: whatever the user's
@@ -81,7 +79,7 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
 
                 ran = modules[doc["test_file"]].__file__
                 reply({"ok": True, "test_file": ran, "test_file_sha256": file_sha256(ran), "pid": os.getpid()})
-            elif test is None and cmd in ("build", "sample", "measure"):
+            elif test is None and cmd in ("build", "sample"):
                 reply({"error": f"{cmd!r} before any test was loaded"})
             elif cmd == "build":
                 inst = None  # the old instance goes before the new one allocates
@@ -92,16 +90,6 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
                     sampler.call("setup", inst.setup)
                 s = sampler.sample(inst.fn, inst.block_size)
                 reply({"host_ms": s.host_ms, "gpu_ms": s.gpu_ms})
-            elif cmd == "measure":
-                from bench_core.timing.measuring import measure
-                from bench_core.files.storage import measurement_doc
-
-                scenario = inst.scenario.with_metadata(device=init["device"]) if inst.scenario else name
-                m = measure(inst.fn, scenario=scenario, device=init["device"], warmup=doc["warmup"],
-                            repeats=doc["repeats"], setup=inst.setup, load=inst.load, block_size=inst.block_size,
-                            mode="block" if inst.block_size > 1 else "per_call", threads=init.get("threads"),
-                            clock=inst.clock)
-                reply({"measurement": measurement_doc(m)})
             else:
                 reply({"error": f"unknown command {cmd!r}"})
         except ScenarioError as exc:
@@ -190,13 +178,6 @@ class Worker:
 
         out = self._send({"cmd": "sample"})
         return Sample(out["host_ms"], out["gpu_ms"])
-
-    def measure(self, warmup: int, repeats: int, environment: Mapping[str, Any]):
-        """A whole measurement in the worker (after `build`), with this process's environment attached."""
-        from bench_core.files.storage import measurement_from_doc
-
-        out = self._send({"cmd": "measure", "warmup": warmup, "repeats": repeats}, expect="measurement")
-        return measurement_from_doc(out["measurement"], environment)
 
     def log_tail(self, lines: int = 3) -> list[str]:
         """The last lines the worker printed (its tracebacks, its code's own prints)."""
