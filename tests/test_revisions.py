@@ -176,3 +176,65 @@ def test_a_torch_library_registration_on_both_sides_fails_loudly(repo):
     finally:
         loaded.close()
         sys.modules.pop("test_op", None)
+
+
+def _tree(tmp_path, name):
+    root = tmp_path / name
+    root.mkdir()
+    git(root, "init", "-q")
+    return root
+
+
+def test_the_revision_is_its_real_tree_export_ignore_and_submodules_included(tmp_path):
+    """`git archive` left out an export-ignore'd module and every submodule, so REV's side imported the
+    current tree's copies (#27): the revision's tree is now checked out as it is, each submodule at REV's commit."""
+    sub = _tree(tmp_path, "workload")
+    write(sub, {"work.py": "AMOUNT = 2\n"})
+    git(sub, "add", "-A")
+    git(sub, "commit", "-qm", "small")
+    root = _tree(tmp_path, "repo")
+    write(root, {"helpers.py": "V = 1\n", ".gitattributes": "helpers.py export-ignore\n"})
+    git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "workload")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "v1")
+    write(root, {"helpers.py": "V = 2\n", "workload/work.py": "AMOUNT = 20\n"})   # the workload bumped 10x
+    git(root / "workload", "commit", "-qam", "large")
+    git(root, "commit", "-qam", "v2")
+    loaded = LoadedRevision(root, "HEAD~1")
+    try:
+        assert (loaded.root / "helpers.py").read_text() == "V = 1\n"
+        assert (loaded.root / "workload" / "work.py").read_text() == "AMOUNT = 2\n"
+        assert (root / "workload" / "work.py").read_text() == "AMOUNT = 20\n"        # the user's tree untouched
+        assert subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout == ""
+    finally:
+        loaded.close()
+
+
+def test_a_submodule_commit_the_clone_lacks_is_named(tmp_path):
+    sub = _tree(tmp_path, "workload")
+    write(sub, {"work.py": "AMOUNT = 2\n"})
+    git(sub, "add", "-A")
+    git(sub, "commit", "-qm", "small")
+    root = _tree(tmp_path, "repo")
+    git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "workload")
+    git(root, "update-index", "--cacheinfo", f"160000,{'1' * 40},workload")   # REV records a commit never fetched
+    git(root, "commit", "-qm", "v1")
+    git(root, "add", "workload")
+    git(root, "commit", "-qm", "v2")
+    with pytest.raises(RevisionError, match="records the submodule workload at 111111111111, a commit this clone"):
+        LoadedRevision(root, "HEAD~1")
+
+
+def test_untracked_data_is_shared_and_untracked_code_is_not(repo):
+    """One policy for what git does not track: data and weights are visible to both sides; a Python file
+    that REV never had is not (REV's side must not run the current tree's code)."""
+    (repo / ".gitignore").write_text("data/\n")
+    write(repo, {"data/train.bin": "bytes", "weights.pt": "w", "benchmarks/scratch.py": "X = 1\n"})
+    loaded = LoadedRevision(repo, "HEAD~1")
+    try:
+        assert (loaded.root / "data" / "train.bin").read_text() == "bytes"
+        assert (loaded.root / "weights.pt").read_text() == "w"
+        assert not (loaded.root / "benchmarks" / "scratch.py").exists()
+        assert (loaded.root / "mypkg" / "helpers.py").read_text().endswith("x * 1\n")   # tracked: REV's own
+    finally:
+        loaded.close()

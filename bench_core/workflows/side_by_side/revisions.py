@@ -19,9 +19,7 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import io
 import sys
-import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +36,9 @@ class RevisionError(BenchError):
     """A revision cannot be compared; says which side and what to do."""
 
 
-def _git(root: Path, *args: str, binary: bool = False):
+def _git(root: Path, *args: str, binary: bool = False, env=None):
     try:
-        return git.run(root, *args, binary=binary)
+        return git.run(root, *args, binary=binary, env=env)
     except git.GitUnavailable as exc:
         raise RevisionError(str(exc)) from None
 
@@ -94,14 +92,67 @@ def resolve(root: Path, rev: str) -> Revision:
 
 
 def snapshot(root: Path, rev: Revision, into: Path) -> Path:
-    """REV's tracked files under `into` (a fresh folder); returns the folder of the repository root."""
-    out = _git(root, "archive", "--format=tar", rev.commit, binary=True)
-    if out.returncode != 0:
-        raise RevisionError(f"git archive of {rev.label} ({rev.commit[:12]}) failed: "
-                            f"{out.stderr.decode(errors='replace').strip()}")
-    with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
-        tar.extractall(into, filter="data")
+    """REV's tree under `into` (a fresh folder) as it really is at REV, not as an archive of it: every tracked
+    file (`export-ignore` is for archives, not for code that runs) and every submodule at the commit REV records
+    for it; then the files git does not track here (data, weights, local settings), linked where REV has none
+    (`link_untracked`). Returns the folder of the repository root."""
+    _checkout(Path(root), rev.commit, Path(into), rev.label)
+    link_untracked(Path(root), Path(into))
     return into
+
+
+def _checkout(repo: Path, commit: str, into: Path, label: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench_core-index-") as tmp:
+        index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}   # a private index: the user's stays untouched
+        for args in (("read-tree", commit), ("checkout-index", "--all", "--force", f"--prefix={into}/")):
+            out = _git(repo, *args, env=index)
+            if out.returncode != 0:
+                raise RevisionError(f"extracting {label} ({commit[:12]}) failed at git {args[0]}: {out.stderr.strip()}")
+    listing = _git(repo, "ls-tree", "-r", "-z", commit)
+    for entry in listing.stdout.split("\0"):
+        meta, _, path = entry.partition("\t")
+        if meta.startswith("160000 commit "):
+            _checkout_submodule(repo, path, meta.split()[2], into, label)
+
+
+def _checkout_submodule(repo: Path, path: str, commit: str, into: Path, label: str) -> None:
+    sub = repo / path
+    if not (sub / ".git").exists():
+        raise RevisionError(f"{label} has the submodule {path}, which is not checked out here: run "
+                            f"`git submodule update --init` first, so its code at {label}'s commit can be compared")
+    if _git(sub, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        raise RevisionError(f"{label} records the submodule {path} at {commit[:12]}, a commit this clone of it does "
+                            f"not have: fetch it (`git -C {path} fetch`, or `submodules: recursive` with full depth)")
+    _checkout(sub, commit, into / path, f"{label}'s {path}")
+
+
+LEFT_OUT = {".git", "__pycache__", ".bench", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
+CODE = {".py", ".pyx", ".pxd", ".so", ".pyd"}
+
+
+def link_untracked(current_root: Path, tree: Path) -> list[str]:
+    """The one policy for what git does not track: data is shared, code is each side's own. Every untracked
+    or ignored file or folder of the current tree (data, weights, a virtual environment, local settings) is
+    visible to REV's side too, linked at the same path wherever REV's tree has nothing there; code that git
+    does not track (a Python file or extension, a folder with Python files in it) is not, since REV never had
+    it, and caches are left out. Returns the paths linked."""
+    out = _git(current_root, "ls-files", "-z", "--others", "--directory", "--no-empty-directory")
+    linked = []
+    for rel in (p.rstrip("/") for p in out.stdout.split("\0") if p):
+        parts, source = Path(rel).parts, current_root / rel
+        if any(part in LEFT_OUT or part.endswith(".egg-info") for part in parts) or source.suffix in CODE or (
+                source.is_dir() and any(p.suffix in CODE for p in source.iterdir())):
+            continue
+        target = tree / rel
+        if target.exists() or target.is_symlink() or any((tree / Path(*parts[:i])).is_symlink()
+                                                         for i in range(1, len(parts))):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(current_root / rel, target_is_directory=(current_root / rel).is_dir())
+        linked.append(rel)
+    return linked
 
 
 def repo_root(path: Path) -> Path:
