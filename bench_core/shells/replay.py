@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 from bench_core.core.errors import ScenarioError
@@ -28,7 +29,7 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     def rebuild(_round):
         return capture(request.function, value_of, sizing, "current tree", name)
 
-    theirs, why, isolate = revision_function(session, request)
+    theirs, why, isolate = revision_function(session, request, name)
     if isolate:  # cannot share this process: both sides in pairs of worker processes
         sides = worker_sides(session, request, name)
         if sides is not None:
@@ -37,6 +38,13 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     if theirs is None:  # the revision lacks it or cannot load it: measured alone, and reported
         session.not_compared(name, f"measured on the current tree only: {why}")
         return session.run(scenario, fn, **kwargs)
+
+    unfaithful = same_code(session, request, theirs)
+    if unfaithful:
+        raise ScenarioError(name, f"cannot be compared side by side in one process: {loaded.revision.label}'s side "
+                                  f"would run the current tree's code for {'; '.join(unfaithful)}, which differs in "
+                                  f"{loaded.revision.label}. Compare it against a stored baseline (--bench-compare), "
+                                  f"or keep that code out of fixtures shared by both sides")
 
     def rev_build(_round):
         return capture(theirs, value_of, sizing, f"revision {loaded.revision.label}", name)
@@ -47,9 +55,25 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
                                clock=kwargs.get("clock"), backend=kwargs.get("backend"))
 
 
-def revision_function(session, request):
+def same_code(session, request, theirs) -> list[str]:
+    """What would make both sides run the current tree's code although it differs in the revision: fixtures
+    (their values are this session's, made by this tree's code) and project modules the revision's test
+    imported from this tree. Empty when each side runs its own."""
+    from bench_core.workflows.side_by_side import fidelity
+
+    loaded = session.revision
+    defs = getattr(getattr(request.node, "_fixtureinfo", None), "name2fixturedefs", {})
+    fixtures = {n: d[-1].func for n, d in defs.items() if d and n not in ("bench", "request")}
+    module = sys.modules.get(theirs.__module__)
+    return (fidelity.fixture_problems(fixtures, loaded.current_root, loaded.root)
+            + ([f"{f} (imported by its test from this tree)"
+                for f in fidelity.borrowed(module, loaded.current_root, loaded.root)] if module else []))
+
+
+def revision_function(session, request, name):
     """(the revision's version of this test function, None, False), or (None, why there is none, whether
-    the reason is that it cannot share this process)."""
+    the reason is that it cannot share this process). A test module of the revision that does not compile
+    or import is the revision's own error: a ScenarioError with its traceback, never a reason to go on."""
     from bench_core.workflows.side_by_side.revisions import RevisionError
 
     loaded = session.revision
@@ -60,6 +84,10 @@ def revision_function(session, request):
                      f"{loaded.revision.label}", False
     try:
         module = loaded.module_for(request.path)
+    except (SyntaxError, ImportError) as exc:
+        trace = "".join(traceback.format_exception(exc)[-4:]).strip()
+        raise ScenarioError(name, f"{loaded.revision.label}'s test module does not load, so it cannot be compared: "
+                                  f"{type(exc).__name__}: {exc}\n{trace}") from exc
     except Exception as exc:
         detail = str(exc) if isinstance(exc, RevisionError) else f"{type(exc).__name__}: {exc}"
         return None, (f"{loaded.revision.label}'s test module cannot be loaded beside the current code "

@@ -180,6 +180,12 @@ class RevisionImporter(importlib.abc.MetaPathFinder):
         self._builtins["__import__"] = self._import
         self._installed = False
 
+    def refresh(self, search_roots: Iterable[Path]) -> None:
+        """More import roots, known later (pytest puts a test's folder on sys.path when it collects the test,
+        after the revision was loaded): the revision's modules found there are its own too."""
+        self.search_roots = [Path(p) for p in dict.fromkeys([*self.search_roots, *search_roots]) if Path(p).is_dir()]
+        self.local |= self._project_names()
+
     def _project_names(self) -> set[str]:
         names = set()
         for root in self.search_roots:
@@ -318,6 +324,7 @@ class LoadedRevision:
         self.current = working_tree(self.current_root)
         self._tmp = tempfile.TemporaryDirectory(prefix="bench_core-rev-")
         self.root = snapshot(self.current_root, self.revision, Path(self._tmp.name))
+        self._sys_path = sys_path
         self.importer = RevisionImporter(self.root, search_roots(self.current_root, self.root, sys_path),
                                          self.revision.commit[:12]).install()
 
@@ -332,6 +339,7 @@ class LoadedRevision:
         if not path.exists():
             raise RevisionError(f"{path.relative_to(self.root)} does not exist in {self.revision.label} "
                                 f"({self.revision.commit[:12]})")
+        self.importer.refresh(search_roots(self.current_root, self.root, self._sys_path))
         return self.importer.load(path)
 
     def ran_from_revision(self, fn: Any) -> bool:

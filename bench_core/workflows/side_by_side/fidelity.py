@@ -1,0 +1,115 @@
+"""Does each side run its own code? Checked before a side-by-side comparison in one process is trusted.
+
+In one process the revision's test function is called with the current session's fixture values, and its
+imports are redirected into the revision's tree. Two things can then make both sides run the same code
+silently: a fixture whose code (or the project code it uses) differs between the trees, and a module of the
+project that the revision's side imported from the current tree. Both are found by following what the code
+refers to (module globals, the modules of functions and classes) through the project's files, and comparing
+each such file with its counterpart in the revision's tree.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterable
+
+import bench_core
+from bench_core.workflows.side_by_side.revisions import file_sha256
+
+# the engine is shared by both sides on purpose (the revision importer never aliases it): not the code compared
+ENGINE = Path(bench_core.__file__).resolve().parent
+
+
+def _file_of(obj: Any) -> Path | None:
+    if isinstance(obj, ModuleType):
+        f = getattr(obj, "__file__", None)
+    else:
+        mod = sys.modules.get(getattr(obj, "__module__", None) or "")
+        f = getattr(mod, "__file__", None)
+    return Path(f).resolve() if f else None
+
+
+def _imported(f: Path, mod: ModuleType | None) -> set[str]:
+    """The module names the source file `f` imports (relative imports resolved against its package), and for
+    `from X import y` also `X.y`, which may be a submodule."""
+    try:
+        tree = ast.parse(f.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    package = (getattr(mod, "__package__", None) or "").split(".") if mod is not None else []
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                head = package[:len(package) - node.level + 1] if node.level <= len(package) else []
+                base = ".".join([*head, base] if base else head)
+            names.add(base)
+            names.update(f"{base}.{a.name}" if base else a.name for a in node.names)
+    return names
+
+
+def project_files(start: Iterable[Any], inside: Iterable[Path], by_source: bool = True) -> set[Path]:
+    """The project files (under any of `inside`) that the objects `start` come from, and every project file
+    their code refers to (module globals, the modules of functions and classes) or, `by_source`, imports by
+    name, transitively: what their code may run. (The revision's modules import through an alias, so their
+    names say nothing; what they bound does.)"""
+    roots = [Path(p).resolve() for p in inside]
+    modules = {name: m for name, m in list(sys.modules.items()) if isinstance(m, ModuleType)}
+    by_file = {}
+    for m in modules.values():
+        f = _file_of(m)
+        if f is not None:
+            by_file.setdefault(f, m)
+    seen: set[Path] = set()
+    todo = [f for f in map(_file_of, start) if f is not None]
+    while todo:
+        f = todo.pop()
+        if f in seen or not any(f.is_relative_to(r) for r in roots) or f.is_relative_to(ENGINE):
+            continue
+        seen.add(f)
+        mod = by_file.get(f)
+        refs = [v for v in (vars(mod).values() if mod is not None else ())
+                if isinstance(v, ModuleType) or inspect.isfunction(v) or inspect.isclass(v)]
+        if by_source:
+            refs += [modules[n] for n in _imported(f, mod) if n in modules]
+        todo += [g for g in map(_file_of, refs) if g is not None and g not in seen]
+    return seen
+
+
+def differing(files: Iterable[Path], current_root: Path, rev_root: Path) -> list[str]:
+    """Of `files` (in the current tree), those whose counterpart in the revision's tree is missing or other."""
+    out = []
+    for f in sorted(files):
+        rel = f.relative_to(current_root.resolve())
+        theirs = rev_root / rel
+        if not theirs.exists():
+            out.append(f"{rel} (not in the revision)")
+        elif file_sha256(theirs) != file_sha256(f):
+            out.append(str(rel))
+    return out
+
+
+def fixture_problems(fixtures: dict[str, Callable], current_root: Path, rev_root: Path) -> list[str]:
+    """Fixtures (name -> function) whose value the revision's side would take from the current tree's code
+    although that code differs in the revision: each named with the files that differ."""
+    out = []
+    for name, func in sorted(fixtures.items()):
+        files = project_files([func], [current_root])
+        diff = differing(files, current_root, rev_root)
+        if diff:
+            out.append(f"the fixture {name!r} ({', '.join(diff)})")
+    return out
+
+
+def borrowed(module: ModuleType, current_root: Path, rev_root: Path) -> list[str]:
+    """Project files of the current tree that the revision's module uses although they differ in the
+    revision (an import that found the current tree's copy)."""
+    used = project_files([module], [current_root, rev_root], by_source=False)
+    root = current_root.resolve()
+    return differing({f for f in used if f.is_relative_to(root)}, current_root, rev_root)

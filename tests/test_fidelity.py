@@ -1,0 +1,88 @@
+"""Each side runs its own code, or the comparison says it cannot (#27's table), in throwaway repositories run
+through the real plugin: a conftest fixture built from changed code, a revision whose test does not compile, a
+sibling module found on sys.path only after the revision was loaded."""
+import subprocess
+
+
+import fakes
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.invalid", "PATH": "/usr/bin:/bin"}
+CONFTEST = f"import sys; sys.path.insert(0, {str(fakes.__file__.rsplit('/', 1)[0])!r})\n"
+
+
+def commit_all(path, message="v1"):
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", message]):
+        if args[0] == "init" and (path / ".git").exists():
+            continue
+        subprocess.run(["git", *args], cwd=path, check=True, capture_output=True, env={**GIT_ENV, "HOME": str(path)})
+
+
+FIXTURE_CONFTEST = CONFTEST + '''
+import pytest
+from mymodel import Model
+
+
+@pytest.fixture
+def model():
+    return Model()
+'''
+
+FIXTURE_TEST = '''
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+
+def test_model(bench, model):
+    bench.run(Scenario("model", ("forward",)), work_on_shared_clock(model.cost()), clock=SHARED_CLOCK)
+'''
+
+
+def test_a_fixture_built_from_changed_code_is_never_compared_against_itself(pytester):
+    """The model comes from a conftest fixture, 2 -> 16 layers: in one process both sides would get the
+    current tree's model (a 12x regression passed as unchanged); now the scenario fails, naming the file."""
+    pytester.makeconftest(FIXTURE_CONFTEST)
+    pytester.makepyfile(mymodel="class Model:\n    def cost(self):\n        return 2.0\n", test_m=FIXTURE_TEST)
+    commit_all(pytester.path)
+    pytester.makepyfile(mymodel="class Model:\n    def cost(self):\n        return 16.0\n")
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*cannot be compared side by side in one process*the fixture 'model' (mymodel.py)*"])
+
+
+def test_a_fixture_whose_code_is_the_same_on_both_sides_is_compared(pytester):
+    pytester.makeconftest(FIXTURE_CONFTEST)
+    pytester.makepyfile(mymodel="class Model:\n    def cost(self):\n        return 2.0\n", test_m=FIXTURE_TEST)
+    commit_all(pytester.path)
+    pytester.makepyfile(test_m=FIXTURE_TEST.replace("model.cost()", "2 * model.cost()"))   # the test changed
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-rounds", "5", "--bench-pairs", "3",
+                             "--bench-no-out")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'model': slower against revision 'HEAD'*"])
+
+
+def test_a_revision_whose_test_does_not_compile_fails_with_its_own_error(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_s=FIXTURE_TEST.replace(", model", "").replace("model.cost()", "2.0")
+                        .replace("def test_model", "def test_model(:\n    pass\n\ndef test_other"))
+    commit_all(pytester.path)
+    pytester.makepyfile(test_s=FIXTURE_TEST.replace(", model", "").replace("model.cost()", "2.0"))
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*HEAD's test module does not load, so it cannot be compared: SyntaxError*"])
+
+
+def test_a_sibling_module_is_imported_from_the_revisions_own_tree(pytester):
+    """A test imports a module beside it, on sys.path only once pytest collected the test (after the revision
+    was loaded): the revision's side must import the revision's copy."""
+    pytester.makeconftest(CONFTEST)
+    bench_dir = pytester.mkdir("benchmarks")
+    (bench_dir / "helper.py").write_text("COST = 2.0\n")
+    (bench_dir / "test_h.py").write_text(FIXTURE_TEST.replace(", model", "").replace("model.cost()", "helper.COST")
+                                         .replace("from bench_core", "import helper\nfrom bench_core"))
+    commit_all(pytester.path)
+    (bench_dir / "helper.py").write_text("COST = 20.0\n")
+    res = pytester.runpytest("benchmarks", "--bench-against", "HEAD", "--bench-rounds", "5", "--bench-pairs", "3",
+                             "--bench-no-out")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'model': slower against revision 'HEAD'*"])
