@@ -23,7 +23,7 @@ from bench_core.core.errors import ScenarioError, StorageError
 from bench_core.core.records import Measurement
 from bench_core.core.scenario import Scenario
 from bench_core.deciding.gate import Comparison, GateConfig
-from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED
+from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
 from bench_core.files import storage
 from bench_core.output import reporters, summary
 from bench_core.timing.counts import DEFAULT_REPEATS, DEFAULT_WARMUP, QUICK
@@ -89,7 +89,8 @@ class BenchSession:
         self.replicas: dict[str, list[Measurement]] = {}   # the gate's fresh-process runs, by scenario
         self.uncounted: list[str] = []                # why a step's FLOPs could not be counted (not an error)
         self.against_records: list[dict] = []         # side by side, per scenario: rounds, both sides' code, decision
-        self.one_side: list[tuple[str, str]] = []     # scenarios that exist on one side only
+        self.one_side: list[tuple[str, str]] = []     # scenarios measured on one side only, and why
+        self.new: set[str] = set()                    # of those, the ones the other side never had
         # what the comparisons are against: a stored baseline, or another revision (and its worker processes)
         self.baseline: dict[str, list[Measurement]] | None = None
         self.prior = None                             # the run-to-run variance prior fitted from the baseline
@@ -141,9 +142,22 @@ class BenchSession:
         before any is taken."""
         self.family_size = scenarios
 
-    def not_compared(self, name: str, why: str) -> None:
-        """A scenario that exists, or runs, on one side only: said in the report, never passed over."""
+    def not_compared(self, name: str, why: str, new: bool = False) -> None:
+        """A scenario measured on one side only: said in the report and counted in the outcome, never passed
+        over. `new`: the other side never had it (not a failure, even under --bench-strict)."""
         self.one_side.append((name, why))
+        if new:
+            self.new.add(name)
+
+    def failed_to_compare(self, name: str) -> str | None:
+        """Why scenario `name` was measured here but not compared, when it should have been (None: it was
+        compared, or it is new)."""
+        return next((why for n, why in self.one_side if n == name and n not in self.new), None)
+
+    def nothing_compared(self) -> bool:
+        """A gated session in which no scenario at all was compared: it fails, whatever else it did."""
+        return (self.compared_with is not None and not any(c.verdict != NEW for c in self.comparisons)
+                and bool(self.results or self.errors or self.one_side))
 
     def record_error(self, name: str, problem: str) -> None:
         """A scenario's failure, once, however many layers saw it."""
@@ -208,13 +222,20 @@ class BenchSession:
         return c.verdict in (SLOWER, INCOMPARABLE) or c.unusable or (self.config.strict and c.verdict == INCONCLUSIVE)
 
     def outcome(self) -> str:
-        """One line: how many comparisons decided what. Said even when nothing was decided."""
+        """One line: how many comparisons decided what, and what was not compared. Said even when nothing was
+        decided."""
         n = Counter(c.verdict for c in self.comparisons)
         decided = n[SLOWER] + n[FASTER] + n[UNCHANGED]
-        line = (f"gate: {decided} of {len(self.comparisons)} scenario(s) decided: {n[SLOWER]} slower, "
+        compared = len(self.comparisons) - n[NEW]
+        line = (f"gate: {decided} of {compared} scenario(s) decided: {n[SLOWER]} slower, "
                 f"{n[FASTER]} faster, {n[UNCHANGED]} unchanged; {n[INCONCLUSIVE]} inconclusive, "
                 f"{n[INCOMPARABLE]} incomparable")
-        if self.comparisons and not decided:
+        new, missed = n[NEW] + len(self.new), len({name for name, _ in self.one_side} - self.new)
+        line += f"; {missed} not compared (--bench-strict fails them)" if missed else ""
+        line += f"; {new} new (nothing to compare with)" if new else ""
+        if self.nothing_compared():
+            line += " (nothing was compared: the session fails)"
+        elif compared and not decided:
             line += " (nothing was decided: see the reasons above; --bench-strict makes this fail)"
         return line
 

@@ -96,3 +96,13 @@ def test_a_baselines_runs_are_listed_and_a_bad_one_dropped(tmp_path, capsys):
     assert main(["baseline", "drop", "main", "5", "--baselines", str(tmp_path)]) == EXIT_BAD_INPUT
     assert "there is no run 5" in capsys.readouterr().err
     assert main(["baseline", "list", "nope", "--baselines", str(tmp_path)]) == EXIT_BAD_INPUT
+
+
+def test_files_with_no_scenario_in_common_compare_nothing_and_fail(tmp_path, capsys):
+    from helpers import meas
+
+    a = storage.write_session(tmp_path / "a", [meas([1.0] * 5, name="old")], {"device": "cpu"})
+    b = storage.write_session(tmp_path / "b", [meas([1.0] * 5, name="renamed")], {"device": "cpu"})
+    assert main(["compare", str(a), str(b)]) == EXIT_REGRESSED
+    out = capsys.readouterr()
+    assert "new" in out.out and "nothing was compared" in out.err

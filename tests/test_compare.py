@@ -4,7 +4,7 @@ import pytest
 from scipy import stats as st
 
 from bench_core.deciding.gate import GateConfig, compare_runs, compare_sets, decide_family, estimate
-from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED
+from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
 from helpers import ENV, meas, runs
 
 
@@ -105,7 +105,8 @@ def test_unequal_sample_sizes_work():
 
 def test_missing_scenario_on_either_side_is_reported_not_an_error():
     out = compare_sets({"a": runs([1, 1], name="a")}, {"b": runs([1], name="b")})
-    assert [(c.name, c.verdict) for c in out] == [("a", INCONCLUSIVE), ("b", INCONCLUSIVE)]
+    # missing now: inconclusive (strict fails it); not in the baseline: new, said and never failed
+    assert [(c.name, c.verdict) for c in out] == [("a", INCONCLUSIVE), ("b", NEW)]
     assert "current run" in out[0].reason and "baseline" in out[1].reason
 
 

@@ -86,3 +86,39 @@ def test_a_sibling_module_is_imported_from_the_revisions_own_tree(pytester):
                              "--bench-no-out")
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*scenario 'model': slower against revision 'HEAD'*"])
+
+
+def test_what_was_not_compared_is_counted_and_strict_fails_it_but_not_a_new_scenario(pytester):
+    """gamma is broken in the revision (not compared), delta does not exist there (new): the outcome line counts
+    both; --bench-strict fails gamma's item and never delta's."""
+    from test_plugin import AGAINST_V1, AGAINST_V2
+
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_sides=AGAINST_V1)
+    commit_all(pytester.path)
+    pytester.makepyfile(test_sides=AGAINST_V2)
+    args = ["--bench-against", "HEAD", "--bench-rounds", "5", "--bench-pairs", "3", "--bench-no-out", "-k",
+            "gamma or delta or beta"]
+    res = pytester.runpytest(*args)
+    res.assert_outcomes(passed=3)
+    out = " ".join(res.stdout.str().split())
+    assert "gate: " in out and "of 1 scenario(s) decided" in out and "; 1 not compared (--bench-strict fails them); " \
+                                                                        "1 new (nothing to compare with)" in out
+    res = pytester.runpytest(*args, "--bench-strict", "-k", "gamma or delta")
+    res.assert_outcomes(passed=1, failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'gamma': not compared with revision 'HEAD': not compared: HEAD*"
+                              "broken in the old revision*(--bench-strict)*"])
+
+
+def test_a_gate_that_compared_nothing_fails_the_session(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_other="def test_nothing():\n    pass\n")
+    commit_all(pytester.path)
+    pytester.makepyfile(test_new=FIXTURE_TEST.replace(", model", "").replace("model.cost()", "2.0"))
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out")
+    res.assert_outcomes(passed=2)
+    assert res.ret == 1
+    out = " ".join(res.stdout.str().split())     # notes wrap at 120 columns
+    assert "gate: 0 of 0 scenario(s) decided" in out and "1 new (nothing to compare with) (nothing was compared: " \
+                                                          "the session fails)" in out
+    res.stdout.fnmatch_lines(["bench_core: no scenario was compared with revision 'HEAD': the session fails*"])

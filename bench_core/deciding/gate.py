@@ -60,7 +60,7 @@ from bench_core.core.records import Measurement, throttled
 from bench_core.core.scenario import Scenario, thaw
 from bench_core.deciding.sequential import planned_looks
 from bench_core.deciding.slow_runs import Difference, difference, fit_slow_runs
-from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED
+from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
 from bench_core.core.stats import (VariancePrior, adjust_pvalues, fit_variance_prior, mann_whitney, mann_whitney_min_p, median_log_se,
                     t_interval, t_quantile, t_test)
 
@@ -224,9 +224,11 @@ def estimate(
 
     `baseline` is every run the baseline holds for the scenario; `config.window` keeps the latest.
     `prior` is `noise_prior` of the baseline's history (None: the fixed fallback)."""
-    if not baseline or not candidate:
-        side = "baseline" if not baseline else "current run"
-        return Comparison(name, INCONCLUSIVE, f"scenario missing from the {side}", config.threshold)
+    if not baseline and candidate:
+        return Comparison(name, NEW, "not in the baseline: nothing to compare with (a new scenario, or a renamed one)",
+                          config.threshold)
+    if not candidate:
+        return Comparison(name, INCONCLUSIVE, "scenario missing from the current run", config.threshold)
     if config.window is not None:
         baseline = list(baseline)[-config.window:]
     scen_thr = candidate[-1].scenario.noise_threshold

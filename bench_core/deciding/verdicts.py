@@ -12,6 +12,7 @@ SLOWER, FASTER, UNCHANGED, INCONCLUSIVE, INCOMPARABLE = (
     "slower", "faster", "unchanged", "inconclusive", "incomparable",
 )
 REJECTED = "rejected: incorrect"
+NEW = "new"
 
 MEANINGS = {
     SLOWER: "significant, and the whole interval of the change lies above the threshold",
@@ -21,6 +22,7 @@ MEANINGS = {
     INCONCLUSIVE: "neither: the interval is too wide to rule out a change; the reason says what would narrow it",
     INCOMPARABLE: "the two sides measure different things (environment, scenario metadata): never compared",
     REJECTED: "A/B: the candidate failed its correctness check, so it was never timed and gets no speed verdict",
+    NEW: "the scenario is not in the baseline (or the revision): nothing to compare with; said, never failed",
 }
 
 SPEEDUP_MEANS = "speedup: baseline time / candidate time (>1 = candidate faster)"

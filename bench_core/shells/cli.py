@@ -54,6 +54,9 @@ def cmd_compare(ns) -> int:
         print(f"bench_core compare: unusable input for {c.name!r}: {c.reason}", file=sys.stderr)
     if unusable:
         return EXIT_BAD_INPUT
+    if not any(c.baseline_runs and c.candidate_runs for c in comps):   # a gate that compared nothing never passes
+        print("bench_core compare: no scenario is in both files: nothing was compared", file=sys.stderr)
+        return EXIT_REGRESSED
     bad = [c for c in comps if c.verdict in (SLOWER, INCOMPARABLE)]
     return EXIT_REGRESSED if bad or failed else EXIT_OK
 

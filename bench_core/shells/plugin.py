@@ -118,6 +118,11 @@ class BenchFixture:
                 m, c = session.run(scenario, fn, replicate=replicate, **kwargs)
         except ScenarioError as exc:
             pytest.fail(self._session.shown(str(exc)), pytrace=False)
+        why = session.failed_to_compare(scenario.name) if c is None and session.config.strict else None
+        if why is not None:
+            self._reported(m, None)
+            pytest.fail(f"scenario {scenario.name!r}: not compared with {session.compared_with}: {why} "
+                        f"(--bench-strict)", pytrace=False)
         return self._reported(m, c)
 
     def _reported(self, m, c):
@@ -245,11 +250,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for title, text in session.summary_sections():
         terminalreporter.section(title)
         terminalreporter.write_line(text)
-    lines, failures = config.stash.get(_STORED, ([], []))
+    lines, failures, wrong = config.stash.get(_STORED, ([], [], []))
     for line in lines:
         terminalreporter.write_line(line)
     for failure in failures:
         terminalreporter.write_line(f"bench_core: could not store: {failure}", red=True)
+    for problem in wrong:
+        terminalreporter.write_line(f"bench_core: {problem}", red=True)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -263,6 +270,8 @@ def pytest_sessionfinish(session, exitstatus):
     elif session.testsfailed:
         incomplete = f"{session.testsfailed} test(s) failed"
     lines, failures = bench.finish(incomplete)
-    session.config.stash[_STORED] = (lines, failures)
-    if failures and exitstatus == 0:  # losing results silently is worse than a red run
+    wrong = [f"no scenario was compared with {bench.compared_with}: the session fails (the reasons are under the "
+             f"comparison table)"] if bench.nothing_compared() else []   # a gate that compared nothing never passes
+    session.config.stash[_STORED] = (lines, failures, wrong)
+    if (failures or wrong) and exitstatus == 0:  # losing results silently is worse than a red run
         session.exitstatus = 1

@@ -36,7 +36,7 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
             return session.run_against_workers(scenario, instance_from(fn, kwargs, scenario), sides,
                                                items=kwargs.get("items"), proof={"why_workers": why})
     if theirs is None:  # the revision lacks it or cannot load it: measured alone, and reported
-        session.not_compared(name, f"measured on the current tree only: {why}")
+        session.not_compared(name, f"measured on the current tree only: {why}", new=new_here(loaded, request))
         return session.run(scenario, fn, **kwargs)
 
     unfaithful = same_code(session, request, theirs)
@@ -53,6 +53,12 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"),
                                proof=loaded.proof(request.path, request.function, theirs),
                                clock=kwargs.get("clock"), backend=kwargs.get("backend"))
+
+
+def new_here(loaded, request) -> bool:
+    """The revision has neither this test's file nor its function: the scenario is new in this tree."""
+    path = loaded.counterpart(request.path)
+    return not path.exists() or f"def {request.function.__name__}(" not in path.read_text(errors="replace")
 
 
 def same_code(session, request, theirs) -> list[str]:
