@@ -122,3 +122,17 @@ def test_a_gate_that_compared_nothing_fails_the_session(pytester):
     assert "gate: 0 of 0 scenario(s) decided" in out and "1 new (nothing to compare with) (nothing was compared: " \
                                                           "the session fails)" in out
     res.stdout.fnmatch_lines(["bench_core: no scenario was compared with revision 'HEAD': the session fails*"])
+
+
+def test_a_renamed_and_moved_test_is_found_by_its_scenario_name(pytester):
+    """The test was renamed and its file moved, the scenario kept its name, and it got 10x slower: compared with
+    the revision's test that declares that scenario, not measured alone and passed (#27)."""
+    plain = FIXTURE_TEST.replace(", model", "").replace("model.cost()", "{cost}")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_old=plain.format(cost=2.0).replace("def test_model", "def test_before"))
+    commit_all(pytester.path)
+    (pytester.path / "test_old.py").unlink()
+    pytester.makepyfile(test_moved=plain.format(cost=20.0).replace("def test_model", "def test_after"))
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-rounds", "5", "--bench-pairs", "3", "--bench-no-out")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'model': slower against revision 'HEAD'*"])

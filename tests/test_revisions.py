@@ -238,3 +238,25 @@ def test_untracked_data_is_shared_and_untracked_code_is_not(repo):
         assert (loaded.root / "mypkg" / "helpers.py").read_text().endswith("x * 1\n")   # tracked: REV's own
     finally:
         loaded.close()
+
+
+def test_changed_operator_code_is_found_before_anything_is_loaded(repo):
+    """torch 2.13 lets a custom_op be registered twice without a word, and both sides would then run the last
+    kernel (#27): code that registers operators and differs between the trees is named before loading."""
+    write(repo, {"ops.py": "import torch\n@torch.library.custom_op('t::f', mutates_args=())\n"
+                           "def f(x: torch.Tensor) -> torch.Tensor:\n    return x * 1\n",
+                 "same_ops.py": "# torch.library registrations that did not change\n"})
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "ops")
+    write(repo, {"ops.py": "import torch\n@torch.library.custom_op('t::f', mutates_args=())\n"
+                           "def f(x: torch.Tensor) -> torch.Tensor:\n    return x * 2\n"})
+    loaded = LoadedRevision(repo, "HEAD")
+    try:
+        assert loaded.operator_code() == ["ops.py"]
+    finally:
+        loaded.close()
+    loaded = LoadedRevision(repo, "HEAD~1")   # before either existed
+    try:
+        assert loaded.operator_code() == ["ops.py", "same_ops.py"]   # both added since
+    finally:
+        loaded.close()

@@ -36,7 +36,7 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
             return session.run_against_workers(scenario, instance_from(fn, kwargs, scenario), sides,
                                                items=kwargs.get("items"), proof={"why_workers": why})
     if theirs is None:  # the revision lacks it or cannot load it: measured alone, and reported
-        session.not_compared(name, f"measured on the current tree only: {why}", new=new_here(loaded, request))
+        session.not_compared(name, f"measured on the current tree only: {why}", new=new_here(loaded, request, name))
         return session.run(scenario, fn, **kwargs)
 
     unfaithful = same_code(session, request, theirs)
@@ -55,10 +55,11 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
                                clock=kwargs.get("clock"), backend=kwargs.get("backend"))
 
 
-def new_here(loaded, request) -> bool:
-    """The revision has neither this test's file nor its function: the scenario is new in this tree."""
+def new_here(loaded, request, name) -> bool:
+    """The revision has no test declaring this scenario, nor this test's file and function: new in this tree."""
     path = loaded.counterpart(request.path)
-    return not path.exists() or f"def {request.function.__name__}(" not in path.read_text(errors="replace")
+    return not loaded.declaring(name) and (
+        not path.exists() or f"def {request.function.__name__}(" not in path.read_text(errors="replace"))
 
 
 def same_code(session, request, theirs) -> list[str]:
@@ -76,32 +77,52 @@ def same_code(session, request, theirs) -> list[str]:
                 for f in fidelity.borrowed(module, loaded.current_root, loaded.root)] if module else []))
 
 
+def counterpart_test(loaded, request, name):
+    """(file, function, None) of the revision's counterpart of this test: the test that declares the same
+    scenario name (tests get renamed and moved), else the one with this test's file and name; or (.., why not)."""
+    label = loaded.revision.label
+    declared = loaded.declaring(name)
+    if len(declared) > 1:
+        where = ", ".join(f"{p.relative_to(loaded.root)}::{f}" for p, f in declared)
+        return None, None, f"{label} declares scenario {name!r} in {len(declared)} tests ({where}): none is its " \
+                           f"counterpart for sure"
+    path, function = declared[0] if declared else (loaded.counterpart(request.path), request.function.__name__)
+    if not path.exists():
+        return None, None, f"{path.relative_to(loaded.root)} does not exist in {label}"
+    return path, function, None
+
+
 def revision_function(session, request, name):
-    """(the revision's version of this test function, None, False), or (None, why there is none, whether
-    the reason is that it cannot share this process). A test module of the revision that does not compile
-    or import is the revision's own error: a ScenarioError with its traceback, never a reason to go on."""
+    """(the revision's version of this test, None, False), or (None, why there is none, whether the reason is
+    that it cannot share this process). The revision's test is the one that declares the same scenario name
+    (tests get renamed and moved), else the one with this test's file and name. A test module of the revision
+    that does not compile or import is the revision's own error: a ScenarioError with its traceback."""
     from bench_core.workflows.side_by_side.revisions import RevisionError
 
     loaded = session.revision
+    label = loaded.revision.label
     if request.cls is not None:
         return None, "only module-level test functions are compared side by side", False
-    if not loaded.counterpart(request.path).exists():
-        return None, f"{loaded.counterpart(request.path).relative_to(loaded.root)} does not exist in " \
-                     f"{loaded.revision.label}", False
+    path, function, why = counterpart_test(loaded, request, name)
+    if why is not None:
+        return None, why, False
+    ops = loaded.operator_code()
+    if ops:   # found before loading: a second registration must never replace the current side's kernel
+        return None, (f"{', '.join(ops)} differ(s) between {label} and this tree and register(s) torch operators: "
+                      f"such code cannot be loaded twice into one process faithfully"), True
     try:
-        module = loaded.module_for(request.path)
+        module = loaded.module_at(path)
     except (SyntaxError, ImportError) as exc:
         trace = "".join(traceback.format_exception(exc)[-4:]).strip()
-        raise ScenarioError(name, f"{loaded.revision.label}'s test module does not load, so it cannot be compared: "
+        raise ScenarioError(name, f"{label}'s test module does not load, so it cannot be compared: "
                                   f"{type(exc).__name__}: {exc}\n{trace}") from exc
     except Exception as exc:
         detail = str(exc) if isinstance(exc, RevisionError) else f"{type(exc).__name__}: {exc}"
-        return None, (f"{loaded.revision.label}'s test module cannot be loaded beside the current code "
+        return None, (f"{label}'s test module cannot be loaded beside the current code "
                       f"({detail}): code that registers global names (a torch.library operator) or a "
                       f"compiled extension cannot be loaded twice into one process"), True
-    theirs = getattr(module, request.function.__name__, None)
-    return (theirs, None, False) if theirs is not None else (
-        None, f"{request.function.__name__} does not exist in {loaded.revision.label}", False)
+    theirs = getattr(module, function, None)
+    return (theirs, None, False) if theirs is not None else (None, f"{function} does not exist in {label}", False)
 
 
 def worker_spec(request, name):
@@ -131,13 +152,14 @@ def worker_sides(session, request, name):
 
     loaded = session.revision
     spec, why = worker_spec(request, name)
-    if spec is None:
-        session.not_compared(name, why)
+    path, function, missing = counterpart_test(loaded, request, name)
+    if spec is None or missing is not None:
+        session.not_compared(name, why or missing)
         return None
     return {"candidate": (worker_init(session, "candidate", import_roots(loaded.current_root, loaded.current_root)),
                           spec),
             "baseline": (worker_init(session, "baseline", import_roots(loaded.current_root, loaded.root)),
-                         {**spec, "test_file": str(loaded.counterpart(request.path))})}
+                         {**spec, "test_file": str(path), "function": function})}
 
 
 def replicator(session, request, name):

@@ -14,11 +14,13 @@ redirected (it bypasses `__import__`); such code sees the current tree's module.
 """
 from __future__ import annotations
 
+import ast
 import builtins
 import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -130,6 +132,7 @@ LEFT_OUT = {".git", "__pycache__", ".bench", ".pytest_cache", ".mypy_cache", ".r
 
 
 CODE = {".py", ".pyx", ".pxd", ".so", ".pyd"}
+OPERATOR_MARKERS = ("torch.library", "custom_op", "TORCH_LIBRARY", "cpp_extension")
 
 
 def link_untracked(current_root: Path, tree: Path) -> list[str]:
@@ -308,6 +311,28 @@ def search_roots(current_root: Path, snapshot_root: Path, sys_path: Iterable[str
     return roots
 
 
+def scenario_index(tree: Path) -> dict[str, list[tuple[Path, str]]]:
+    """Scenario name -> the (test file, test function) pairs of `tree` that declare it with a literal name."""
+    found: dict[str, list[tuple[Path, str]]] = {}
+    files = []
+    for folder, dirs, names in os.walk(tree):   # links (shared data, a virtual environment) are not followed
+        dirs[:] = sorted(d for d in dirs if d not in LEFT_OUT and not d.startswith("."))
+        files += [Path(folder) / n for n in sorted(names) if n.endswith(".py") and (
+            n.startswith("test_") or n.endswith("_test.py")) and not (Path(folder) / n).is_symlink()]
+    for path in files:
+        try:
+            module = ast.parse(path.read_text(errors="replace"))
+        except (SyntaxError, ValueError):
+            continue
+        for fn in (n for n in module.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")):
+            for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+                callee = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+                first = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
+                if callee == "Scenario" and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    found.setdefault(first.value, []).append((path, fn.name))
+    return found
+
+
 def file_sha256(path: Path) -> str | None:
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -325,6 +350,8 @@ class LoadedRevision:
         self._tmp = tempfile.TemporaryDirectory(prefix="bench_core-rev-")
         self.root = snapshot(self.current_root, self.revision, Path(self._tmp.name))
         self._sys_path = sys_path
+        self._declared: dict[str, list[tuple[Path, str]]] | None = None
+        self._operator_code: list[str] | None = None
         self.importer = RevisionImporter(self.root, search_roots(self.current_root, self.root, sys_path),
                                          self.revision.commit[:12]).install()
 
@@ -339,6 +366,10 @@ class LoadedRevision:
         if not path.exists():
             raise RevisionError(f"{path.relative_to(self.root)} does not exist in {self.revision.label} "
                                 f"({self.revision.commit[:12]})")
+        return self.module_at(path)
+
+    def module_at(self, path: Path) -> ModuleType:
+        """The revision's module at `path`, a file of its tree."""
         self.importer.refresh(search_roots(self.current_root, self.root, self._sys_path))
         return self.importer.load(path)
 
@@ -349,10 +380,30 @@ class LoadedRevision:
             code = getattr(getattr(type(fn), "__call__", None), "__code__", None)
         return code is not None and Path(code.co_filename).resolve().is_relative_to(self.root.resolve())
 
+    def operator_code(self) -> list[str]:
+        """Python files that differ between the revision and the current tree and register torch operators
+        (`torch.library`, `custom_op`, a C++ extension) in either version. Such code cannot be loaded twice into
+        one process faithfully: a second registration of an operator name may silently replace the first, and
+        both sides would run one kernel."""
+        if self._operator_code is None:
+            out = _git(self.current_root, "diff", "--name-only", "-z", self.revision.commit, "--", "*.py")
+            self._operator_code = [rel for rel in out.stdout.split("\0") if rel and any(
+                marker in text for path in (self.root / rel, self.current_root / rel) if path.is_file()
+                for text in [path.read_text(errors="replace")] for marker in OPERATOR_MARKERS)]
+        return self._operator_code
+
+    def declaring(self, scenario: str) -> list[tuple[Path, str]]:
+        """The revision's test functions that declare scenario `scenario` by name (`Scenario("NAME", ...)`, a
+        literal name): how a test that was renamed or moved is found again. (file, function) pairs."""
+        if self._declared is None:
+            self._declared = scenario_index(self.root)
+        return self._declared.get(scenario, [])
+
     def proof(self, current_file: Path, current_fn: Any, their_fn: Any) -> dict:
         """Which code each side ran: the test files with their sha256, the functions, and for the revision
         every project module it loaded and whether its function's code lies inside the extracted revision."""
-        theirs = self.counterpart(current_file)
+        code = getattr(their_fn, "__code__", None)
+        theirs = Path(code.co_filename) if code is not None else self.counterpart(current_file)
         return {"current": {"test_file": str(current_file), "test_file_sha256": file_sha256(current_file),
                             "function": current_fn.__qualname__},
                 "baseline": {"test_file": str(theirs), "test_file_sha256": file_sha256(theirs),
