@@ -638,3 +638,22 @@ def test_replication_reruns_the_pytest_item_itself_so_fixtures_and_any_parameter
     (c,) = doc["comparisons"]
     assert c["verdict"] == "slower" and c["candidate_runs"] == 3 and "2 fresh process(es)" in c["method"]
     assert [r["summary"]["median"] for r in doc["replicas"]["fixtured"]] == [20.0, 20.0]
+
+
+def test_the_cli_decides_a_session_file_as_the_session_did_with_its_fresh_processes(bt, capsys):
+    """#28: the session said slower from this process and two fresh ones; the CLI on the same file ignored the
+    replicas and exited 0. It now reads every process the file holds and says the same, scenario by scenario."""
+    from bench_core.shells.cli import main
+
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    for i in range(3):
+        bt.runpytest("--bench-save", "main", *(["--bench-append"] if i else []), "--bench-repeats", "10",
+                     "--bench-no-out").assert_outcomes(passed=2)
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=4.0).replace("assert m.summary.median == LEVEL", "pass"))
+    bt.runpytest("--bench-compare", "main", "--bench-repeats", "10").assert_outcomes(passed=1, failed=1)
+    (path,) = (bt.path / ".bench" / "results").glob("session-*.json")
+    session = {c["name"]: c["verdict"] for c in json.loads(path.read_text())["comparisons"]}
+    capsys.readouterr()
+    assert main(["compare", str(bt.path / "baselines" / "main.json"), str(path), "--json"]) == 1
+    cli = {c["name"]: c["verdict"] for c in json.loads(capsys.readouterr().out)}
+    assert cli == session and session["alpha"] == "slower"

@@ -366,6 +366,24 @@ def load_runs(path: Path) -> list[list[Measurement]]:
     return _baseline(doc, path)[1]
 
 
+def load_candidate(path: Path) -> dict[str, list[Measurement]]:
+    """What a file says of the code it measured, by scenario, one measurement per process: a session file's
+    results with the fresh processes its gate started (`replicas`: each one more run of the candidate), or a
+    baseline file's runs."""
+    doc = _read_json(path)
+    if not (isinstance(doc, dict) and doc.get("format") == SESSION_FORMAT):
+        return by_scenario(_baseline(doc, path)[1])
+    _check_header(doc, path, SESSION_FORMAT)
+    out = by_scenario([_load_results(doc, path, "")])
+    replicas = doc.get("replicas") or {}
+    if not isinstance(replicas, dict):
+        raise StorageError(path, "replicas must be an object: scenario -> measurements", field="replicas")
+    for name, docs in replicas.items():
+        ms = _load_results({"environment": doc["environment"], "results": docs}, path, f"replicas.{name}.")
+        out.setdefault(name, []).extend(ms)
+    return out
+
+
 def load_errors(path: Path) -> list[dict]:
     """The scenarios a session file records as failed (a baseline file records none)."""
     doc = _read_json(path)

@@ -8,16 +8,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 from bench_core.deciding.gate import compare_sets
-from bench_core.deciding.verdicts import INCOMPARABLE, SLOWER
+from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
 from bench_core.core.errors import BenchError
 from bench_core.output.tables import comparison_table, session_table
 from bench_core.files import storage
 from bench_core.shells import options as opt
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _candidate(arg: str, baselines: Path):
+    """The new side: a session file with every process its gate started, or a baseline's runs."""
+    p = Path(arg)
+    return storage.load_candidate(p if p.suffix == ".json" or p.exists() else storage.baseline_path(baselines, arg))
 
 
 def _load(arg: str, baselines: Path):
@@ -36,7 +43,7 @@ def cmd_compare(ns) -> int:
     try:
         gate = opt.gate_config(_value(ns))
         base = storage.by_scenario(_load(ns.baseline, Path(ns.bench_baselines)))
-        new = storage.by_scenario(_load(ns.new, Path(ns.bench_baselines)))
+        new = _candidate(ns.new, Path(ns.bench_baselines))
         failed = storage.load_errors(Path(ns.new)) if Path(ns.new).exists() else []
     except (BenchError, ValueError) as exc:
         print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
@@ -57,8 +64,23 @@ def cmd_compare(ns) -> int:
     if not any(c.baseline_runs and c.candidate_runs for c in comps):   # a gate that compared nothing never passes
         print("bench_core compare: no scenario is in both files: nothing was compared", file=sys.stderr)
         return EXIT_REGRESSED
-    bad = [c for c in comps if c.verdict in (SLOWER, INCOMPARABLE)]
+    print(outcome(comps, gate), file=sys.stderr)
+    bad = [c for c in comps if c.verdict in (SLOWER, INCOMPARABLE) or (ns.bench_strict and c.verdict == INCONCLUSIVE)]
     return EXIT_REGRESSED if bad or failed else EXIT_OK
+
+
+def outcome(comps, gate) -> str:
+    """How many scenarios were decided, and what an undecided one lacked: the runs a verdict needs."""
+    n = Counter(c.verdict for c in comps)
+    decided = n[SLOWER] + n[FASTER] + n[UNCHANGED]
+    runs = sorted({c.candidate_runs for c in comps if c.candidate_runs})
+    line = (f"bench_core compare: {decided} of {len(comps) - n[NEW]} scenario(s) decided: {n[SLOWER]} slower, "
+            f"{n[FASTER]} faster, {n[UNCHANGED]} unchanged; {n[INCONCLUSIVE]} inconclusive, {n[INCOMPARABLE]} "
+            f"incomparable" + (f"; {n[NEW]} new" if n[NEW] else ""))
+    if n[INCONCLUSIVE] and runs and max(runs) < gate.min_runs:
+        line += (f" (a verdict needs {gate.min_runs} candidate runs, fresh processes, and these files hold "
+                 f"{'/'.join(map(str, runs))}: gate in pytest, which starts them, or pass --min-runs)")
+    return line
 
 
 def cmd_show(ns) -> int:
@@ -100,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_to_cli(c, opt.BASELINES, opt.ALPHA, opt.THRESHOLD, opt.RUN_NOISE, opt.MIN_RUNS, opt.MAX_RUNS, opt.WINDOW,
                    opt.ADJUST, opt.ALLOW_ENV)
     c.add_argument("--json", action="store_true", help="print the comparisons as JSON")
-    opt.add_to_cli(c, opt.WIDE)
+    opt.add_to_cli(c, opt.WIDE, opt.STRICT)
     c.set_defaults(func=cmd_compare)
     s = sub.add_parser("show", help="print the results table of a session file or a baseline (every run)")
     s.add_argument("file")

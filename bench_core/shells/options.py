@@ -110,7 +110,8 @@ def _options() -> tuple[Option, ...]:
                       "FLOP/s and the share of the peak"),
         Option(PEAK, "the device's peak for utilization (default: a known GPU's for the dtype, or on the CPU a matmul "
                      "peak measured once)", float, metavar="TFLOPS"),
-        Option(STRICT, "with a comparison: inconclusive and incomparable fail their test items too"),
+        Option(STRICT, "with a comparison: inconclusive and incomparable fail their test items too (the CLI: exit 1)",
+               cli="--strict"),
         Option(TIMEOUT, "seconds a scenario may take, everything included; a hang fails it by name (0: no limit)",
                float, 600.0),
         Option(AGAINST, "measure every scenario side by side with git revision REV in this run, and decide each",
