@@ -106,3 +106,26 @@ def test_files_with_no_scenario_in_common_compare_nothing_and_fail(tmp_path, cap
     assert main(["compare", str(a), str(b)]) == EXIT_REGRESSED
     out = capsys.readouterr()
     assert "new" in out.out and "nothing was compared" in out.err
+
+
+def test_show_into_a_closed_pipe_ends_quietly_and_help_names_the_command(tmp_path):
+    path = storage.save_baseline(tmp_path, "main", runs([1.0, 1.1]), ENV)[0]
+    for _ in range(6):
+        storage.save_baseline(tmp_path, "main", runs([1.0, 1.1]), ENV, append=True)
+    res = subprocess.run(f"{sys.executable} -m bench_core show {path} | head -n 1", shell=True, capture_output=True,
+                         text=True)
+    assert res.stdout.count("\n") == 1 and "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr
+    helped = subprocess.run([sys.executable, "-m", "bench_core", "--help"], capture_output=True, text=True)
+    assert helped.stdout.startswith("usage: python -m bench_core")
+
+
+def test_a_results_folder_that_is_a_file_is_refused_before_anything_is_measured(tmp_path):
+    import pytest
+
+    from bench_core.shells import options as opt
+
+    (tmp_path / "out").write_text("a file")
+    values = {opt.OUT: "out", opt.BASELINES: "baselines", opt.REFS: "references", opt.TIMEOUT: 600.0,
+              opt.NNODES: 1, opt.NODE_RANK: 0}
+    with pytest.raises(ValueError, match="--bench-out .*out: is a file; give a folder"):
+        opt.session_config(lambda flag: values.get(flag, None if opt.BY_FLAG[flag].type else False), tmp_path, "cpu")

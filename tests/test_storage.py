@@ -1,5 +1,6 @@
 import json
 import os
+import re
 
 import pytest
 
@@ -178,3 +179,26 @@ def test_writes_keep_the_umask_mode_and_clean_killed_writes(tmp_path):
     storage.save_baseline(tmp_path, "main", [meas([3.0, 4.0], name="a")], ENV, append=True)
     assert path.stat().st_mode & 0o777 == 0o640          # an append keeps the file's own mode
     assert not stale.exists()
+
+
+def _edited(tmp_path, edit):
+    """A baseline of three runs, its JSON text edited by `edit`."""
+    path, _ = _baseline_doc(tmp_path)
+    doc = json.loads(path.read_text())
+    path.write_text(edit(json.dumps(doc)))
+    return path
+
+
+@pytest.mark.parametrize("edit, needle", [
+    # every sample 1e308: every scenario would be "faster -100%" and any slowdown would pass against it
+    (lambda t: re.sub(r'"host_ms": \[[^]]*\]', '"host_ms": [1e308, 1e308, 1e308]', t), "no timing is that long"),
+    # the runs twice: json keeps the last, and three runs would be read as one
+    (lambda t: t.replace('"runs": [', '"runs": [], "runs": [', 1), "the key 'runs' appears twice"),
+    # wrong types: named with the field, not taken for an environment difference or split into letters
+    (lambda t: re.sub(r'"threads": (null|\d+)', '"threads": "1"', t, count=1), "threads must be a whole number"),
+    (lambda t: re.sub(r'"window": \[[^]]*\]', '"window": "compute"', t, count=1), "window must be a list of stage"),
+])
+def test_values_that_cannot_be_timings_or_records_are_refused_naming_the_field(tmp_path, edit, needle):
+    path = _edited(tmp_path, edit)
+    with pytest.raises(StorageError, match=needle):
+        storage.load_runs(path)

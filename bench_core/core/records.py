@@ -13,6 +13,7 @@ from bench_core.core.scenario import Scenario
 from bench_core.core.stats import Summary, per_second, summarize
 
 MODES = ("per_call", "block")
+MAX_MS = 1e9   # a sample (or a cold start) longer than 11.6 days is not a timing: a damaged or forged file
 DEVICES = ("cpu", "cuda")
 
 
@@ -25,6 +26,9 @@ def _check_ms(values: Sequence[float], what: str, scenario: str) -> tuple[float,
             raise InvalidRecord(f"scenario {scenario!r}: {what}[{i}] is {v}; a timing must be finite")
         if v < 0:
             raise InvalidRecord(f"scenario {scenario!r}: {what}[{i}] is {v} ms; a timing cannot be negative")
+        if v > MAX_MS:
+            raise InvalidRecord(f"scenario {scenario!r}: {what}[{i}] is {v:g} ms; no timing is that long (over "
+                                f"{MAX_MS:g} ms, 11.6 days)")
         out.append(float(v))
     return tuple(out)
 

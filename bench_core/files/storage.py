@@ -113,6 +113,8 @@ def scenario_doc(s: Scenario) -> dict:
 
 
 def scenario_from_doc(d: Mapping[str, Any]) -> Scenario:
+    if not isinstance(d.get("window"), list):
+        raise InvalidRecord(f"scenario.window must be a list of stage names, got {d.get('window')!r}")
     return Scenario(name=d["name"], window=tuple(d["window"]), metadata=d.get("metadata") or {},
                     noise_threshold=d.get("noise_threshold"), description=d.get("description", ""))
 
@@ -147,6 +149,9 @@ def measurement_doc(m: Measurement, with_environment: bool = False) -> dict:
 
 
 def measurement_from_doc(d: Mapping[str, Any], environment: Mapping[str, Any] | None = None) -> Measurement:
+    threads = d.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
+        raise InvalidRecord(f"threads must be a whole number or null, got {threads!r}")
     return Measurement(
         scenario=scenario_from_doc(d["scenario"]),
         device=d["device"],
@@ -270,6 +275,14 @@ def _reject_constant(token: str):
     raise ValueError(f"{token} is not a valid timing")
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:   # json would keep the last silently: three runs read as one
+        raise ValueError(f"the key {twice[0]!r} appears twice in one object (a bad merge or a hand edit); keep one")
+    return dict(pairs)
+
+
 def _read_json(path: Path) -> Any:
     path = Path(path)
     if not path.exists():
@@ -281,7 +294,7 @@ def _read_json(path: Path) -> Any:
         raise StorageError(path, "file holds git conflict markers",
                            hint="resolve the merge: keep one side or append the runs of both")
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
     except ValueError as exc:
         raise StorageError(path, f"not valid JSON ({exc})",
                            hint="the file may be truncated; restore it from version control") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -113,7 +114,9 @@ def cmd_baseline(ns) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench_core", description=__doc__,
+    called = Path(sys.argv[0]).name
+    ap = argparse.ArgumentParser(prog=called if called.startswith("bench-core") else "python -m bench_core",
+                                 description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compare", help="compare NEW against BASELINE (files, or names under --baselines)")
@@ -147,4 +150,8 @@ def main(argv=None) -> int:
         ns = ap.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage, which is our "unusable input" too
         return int(exc.code or 0)
-    return ns.func(ns)
+    try:
+        return ns.func(ns)
+    except BrokenPipeError:   # `bench-core show main | head`: the reader had enough, which is no error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK

@@ -244,6 +244,10 @@ def session_config(value: Values, root: Path, device: str):
         markdown=Path(value(MD)) if value(MD) else None, wide=value(WIDE),
         plots=root / value(PLOTS) if value(PLOTS) else None, count_flops=value(FLOPS), peak_tflops=value(PEAK),
         topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None)
+    for flag, folder in ((OUT, cfg.results_dir), (BASELINES, cfg.baselines_dir), (PLOTS, cfg.plots),
+                         (REFS, cfg.references_dir)):
+        if folder is not None and folder.exists() and not folder.is_dir():   # found now, not after the measuring
+            raise ValueError(f"{flag} {folder}: is a file; give a folder")
     if cfg.plots is not None:   # found now, not after minutes of measuring
         from bench_core.output.plots import NEEDS, available
 
