@@ -657,3 +657,43 @@ def test_the_cli_decides_a_session_file_as_the_session_did_with_its_fresh_proces
     assert main(["compare", str(bt.path / "baselines" / "main.json"), str(path), "--json"]) == 1
     cli = {c["name"]: c["verdict"] for c in json.loads(capsys.readouterr().out)}
     assert cli == session and session["alpha"] == "slower"
+
+
+SLOW = '''
+import time
+from pathlib import Path
+from bench_core import Scenario
+
+def test_quick(bench):
+    bench.run(Scenario("quick", ("compute",)), lambda: None)
+
+def test_slow(bench):
+    Path("started").write_text("yes")
+    time.sleep(60)
+'''
+
+
+def test_sigterm_ends_the_session_cleanly_keeping_what_was_measured(pytester, tmp_path):
+    """#28: SIGTERM (a cancelled CI job) left the revision's temporary tree behind and no word of what was measured.
+    Now it is an interrupt: the tree is removed, the session file keeps the scenario measured before it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    committed(pytester, test_slow=SLOW)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--bench-against", "HEAD",
+                             "--bench-quick", "-k", "quick or slow"], cwd=pytester.path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (pytester.path / "started").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert list(tmp_path.glob("bench_core-rev-*")), "the revision's tree exists while the session runs"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert not list(tmp_path.glob("bench_core-rev-*")), "the revision's tree was left behind"
+    (session,) = (pytester.path / ".bench" / "results").glob("session-*.json")
+    assert [r["scenario"]["name"] for r in json.loads(session.read_text())["results"]] == ["quick"]

@@ -4,6 +4,8 @@ A thin shell: everything real lives in bench_core.session and below.
 """
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from bench_core.shells import options as opt, replay
 
 _KEY = pytest.StashKey["object"]()
+_SIGTERM = pytest.StashKey["object"]()   # the SIGTERM handler the session replaced
 _STORED = pytest.StashKey["object"]()   # finish()'s lines, or the exception that stopped it
 GPU_MARKER = "gpu"
 
@@ -40,9 +43,10 @@ def pytest_configure(config):
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
         if config.getoption("verbose") > -2:   # -qq silences it
             session.watch(lambda line: _progress_line(config, line))
+        config.stash[_KEY] = session
+        config.stash[_SIGTERM] = _terminate_as_interrupt()
         if scfg.against is not None:
             session.open_revision(root)
-        config.stash[_KEY] = session
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
 
@@ -83,6 +87,23 @@ def pytest_unconfigure(config):
     session = _session(config)
     if session is not None:
         session.close_revision()
+    previous = config.stash.get(_SIGTERM, None)
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_as_interrupt():
+    """SIGTERM (what `timeout` and a cancelled CI job send) taken as Ctrl-C: pytest then ends the session as
+    interrupted, so every child process is ended by its pid and every temporary tree removed on the way out (each
+    is in a `finally`), what was measured is written, and no baseline is stored from it. Returns the handler it
+    replaced (None where it replaced none: a handler of the user's stays, and so does a thread's session)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 class BenchFixture:
