@@ -91,6 +91,7 @@ class BenchSession:
         self.against_records: list[dict] = []         # side by side, per scenario: rounds, both sides' code, decision
         self.one_side: list[tuple[str, str]] = []     # scenarios measured on one side only, and why
         self.new: set[str] = set()                    # of those, the ones the other side never had
+        self.leaks: list[tuple[str, list[str]]] = []  # (test, what it left changed or running), undone since
         # what the comparisons are against: a stored baseline, or another revision (and its worker processes)
         self.baseline: dict[str, list[Measurement]] | None = None
         self.prior = None                             # the run-to-run variance prior fitted from the baseline
@@ -158,6 +159,10 @@ class BenchSession:
         """A gated session in which no scenario at all was compared: it fails, whatever else it did."""
         return (self.compared_with is not None and not any(c.verdict != NEW for c in self.comparisons)
                 and bool(self.results or self.errors or self.one_side))
+
+    def left_changed(self, test: str, what: list[str]) -> None:
+        """A test that left process-wide state changed or a process running (undone since): named in the report."""
+        self.leaks.append((test, what))
 
     def record_error(self, name: str, problem: str) -> None:
         """A scenario's failure, once, however many layers saw it."""

@@ -697,3 +697,39 @@ def test_sigterm_ends_the_session_cleanly_keeping_what_was_measured(pytester, tm
     assert not list(tmp_path.glob("bench_core-rev-*")), "the revision's tree was left behind"
     (session,) = (pytester.path / ".bench" / "results").glob("session-*.json")
     assert [r["scenario"]["name"] for r in json.loads(session.read_text())["results"]] == ["quick"]
+
+
+LEAKY = '''
+import os
+import subprocess
+import torch
+from bench_core import Scenario
+
+def test_a_leaky(bench):
+    torch.set_default_dtype(torch.float64)
+    torch.backends.mkldnn.enabled = False
+    os.environ["BENCH_LEAK"] = "1"
+    subprocess.Popen(["sleep", "120"])
+    bench.run(Scenario("leaky", ("compute",)), lambda: torch.ones(4).sum())
+
+def test_b_after(bench):
+    m = bench.run(Scenario("after", ("compute",)), lambda: torch.ones(4).sum())
+    assert torch.get_default_dtype() == torch.float32 and torch.backends.mkldnn.enabled
+    assert "BENCH_LEAK" not in os.environ
+'''
+
+
+def test_a_scenario_that_leaves_state_changed_or_a_process_running_is_named_and_undone(pytester):
+    """#28: a scenario that set float64 as the default dtype made the next one measure float64 while its record
+    said float32, and a process it started outlived the session: each scenario now starts from the session's
+    state, and the one that changed it is named."""
+    import os
+
+    pytester.makepyfile(test_leaky=LEAKY)
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--bench-quick", "--bench-no-out", "--bench-wide")
+    res.assert_outcomes(passed=2)
+    line = next(x for x in res.stdout.lines if "left behind" in x)
+    assert line.startswith("test_a_leaky left behind") and "default dtype torch.float32 -> torch.float64" in line
+    assert "mkldnn True -> False" in line and "BENCH_LEAK None -> '1'" in line and "1 process(es)" in line
+    pid = int(line.split("still running (")[1].split(")")[0])
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"

@@ -21,8 +21,9 @@ def summary_sections(session) -> list[tuple[str, str]]:
     if not s.results and not s.errors and not s.decisions:
         return []
     wide = s.config.wide
-    out = [("bench_core results", session_table(s.results, s.errors, wide=wide))] \
-        if s.results or s.errors else []   # a session of A/B decisions only has no results table
+    out = [("bench_core results", session_table(s.results, s.errors, wide=wide) + below(
+        [f"{test} left behind (undone, so later scenarios start from the session's state): {'; '.join(what)}"
+         for test, what in s.leaks], wide))] if s.results or s.errors else []   # an A/B-only session has no table
     if any(m.ranks is not None for m in s.results):
         out.append(("bench_core distributed scenarios (every rank)", ranks_table(s.results, wide=wide)))
     if s.config.count_flops and s.results:

@@ -258,10 +258,19 @@ class BenchFixture:
 
 @pytest.fixture
 def bench(request):
+    """The fixture; around the test, the process-wide state it may change: each scenario starts from the
+    session's state, and one that leaves a setting changed or a process behind is named (and it is undone)."""
+    from bench_core.timing import global_state
+
     session = _session(request.config)
     if session is None:  # pragma: no cover - configure always builds one
         pytest.skip("bench_core session not configured")
-    return BenchFixture(session, request)
+    before = global_state.capture()
+    yield BenchFixture(session, request)
+    kept = set(session.workers.pids()) if session.workers is not None else set()   # the pool's, on purpose
+    said = global_state.restore(before, kept)
+    if said:
+        session.left_changed(request.node.name, said)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
