@@ -733,3 +733,17 @@ def test_a_scenario_that_leaves_state_changed_or_a_process_running_is_named_and_
     assert "mkldnn True -> False" in line and "BENCH_LEAK None -> '1'" in line and "1 process(es)" in line
     pid = int(line.split("still running (")[1].split(")")[0])
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_paths_resolve_in_the_project_even_when_an_absolute_argument_moves_pytests_rootdir(pytester, tmp_path):
+    """#28: `--bench-md /abs/summary.md` (as $GITHUB_STEP_SUMMARY is) moved pytest's rootdir to a common ancestor
+    and the baseline went to a baselines/ folder outside the repository."""
+    committed(pytester, test_x="from bench_core import Scenario\n\ndef test_x(bench):\n"
+                               "    bench.run(Scenario('x', ('compute',)), lambda: None)\n")
+    summary = tmp_path / "elsewhere" / "summary.md"
+    summary.parent.mkdir()
+    summary.write_text("")
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--bench-quick", "--bench-md", str(summary),
+                                        "--bench-save", "b")
+    res.assert_outcomes(passed=1)
+    assert (pytester.path / "baselines" / "b.json").exists() and "bench_core: results" in summary.read_text()

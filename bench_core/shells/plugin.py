@@ -38,7 +38,7 @@ def pytest_configure(config):
             "Refusing to run on the CPU instead: a GPU run must never pass by quietly measuring the CPU."
         )
     try:
-        root = Path(str(config.rootpath))
+        root = _project_root(config)
         scfg = opt.session_config(config.getoption, root, device)
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
         if config.getoption("verbose") > -2:   # -qq silences it
@@ -49,6 +49,16 @@ def pytest_configure(config):
             session.open_revision(root)
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
+
+
+def _project_root(config) -> Path:
+    """Where relative paths (baselines, results, references, plots) resolve: the git repository pytest was started
+    in, else pytest's rootdir. Not the rootdir alone: an absolute path among the arguments (`--bench-md
+    $GITHUB_STEP_SUMMARY`) can move it outside the project."""
+    from bench_core.files import git
+
+    top = git.output(str(config.invocation_params.dir), "rev-parse", "--show-toplevel")
+    return Path(top) if top else Path(str(config.rootpath))
 
 
 def _progress_line(config, line: str) -> None:
