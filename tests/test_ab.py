@@ -227,3 +227,31 @@ def test_a_speedup_without_an_interval_is_shown_as_not_observed():
 
     r = ABResult(INCONCLUSIVE, "every round gave the same ratio", 1.25, None, None, None)
     assert r.speedup_text == "1.250x [n/o]" and "1.250x [n/o]" in r.table()
+
+
+def test_plain_callables_are_checked_against_each_other_when_no_correctness_result_is_given():
+    """#28: a candidate returning x*2+1.001 instead of x*2+1 was "111.7x faster", with no word that correctness
+    was not checked. Now its output is compared with the baseline's, and a wrong one is rejected."""
+    import torch
+
+    clock = FakeClock()
+    x = torch.arange(8.0)
+
+    def slow():
+        clock.advance_ms(2.0)
+        return x * 2 + 1
+
+    def wrong():
+        clock.advance_ms(0.1)
+        return x * 2 + 1.001
+
+    def right():
+        clock.advance_ms(0.1)
+        return (x + 0.5) * 2
+
+    res = ab(slow, wrong, clock=clock)
+    assert res.verdict == REJECTED and "output differs from the baseline's" in res.reason and "validate" in res.reason
+    res = ab(slow, right, clock=clock)
+    assert res.verdict == FASTER and "outputs equal within torch's default tolerance" in res.reason
+    res = ab(lambda: clock.advance_ms(2), lambda: clock.advance_ms(1), clock=clock)
+    assert res.verdict == FASTER and "correctness not checked: the callables return nothing" in res.reason

@@ -18,7 +18,7 @@ from bench_core.core.errors import ScenarioError
 from bench_core.timing.sampling import Clock, Sampler
 from bench_core.timing.protocol import Instance, run_rounds
 from bench_core.core.stats import summarize
-from bench_core.deciding.paired import paired_decision
+from bench_core.deciding.paired import PairedDecision, paired_decision
 from bench_core.deciding.rounds import rounds_decision
 from bench_core.deciding.sequential import chase, planned_looks
 from bench_core.deciding.verdicts import INCONCLUSIVE, REJECTED, SPEEDUP_MEANS
@@ -142,8 +142,34 @@ def ab(baseline: Callable[[], Any], candidate: Callable[[], Any], *, device: str
         if bad:
             raise ScenarioError(name, f"{label} produced an impossible sample {bad[0]!r} ms")
     d = paired_decision(samples["baseline"], samples["candidate"], alpha, min_effect)
+    if correctness is None:
+        d = unchecked(d, baseline, candidate, name)
     return ABResult(d.verdict, d.reason, d.speedup, d.ci_low, d.ci_high, d.p_value, tuple(samples["baseline"]),
                     tuple(samples["candidate"]), cold, **common)
+
+
+def unchecked(d: PairedDecision, baseline: Callable[[], Any], candidate: Callable[[], Any], name: str) -> PairedDecision:
+    """An A/B given no correctness result: both sides called once more (untimed) and their outputs compared
+    within torch's default tolerance for their dtype. Outputs that differ reject the candidate; outputs that
+    cannot be compared leave the verdict, and its reason says that correctness was not checked."""
+    import torch
+
+    sampler = Sampler(name, backend_for("cpu"))
+    b, c = (sampler.call(f"{side}'s output check", fn) for side, fn in (("baseline", baseline),
+                                                                          ("candidate", candidate)))
+    hint = "pass correctness= a validate(...) report, with a declared tolerance where a difference is intended"
+    if b is None and c is None:
+        return replace(d, reason=f"{d.reason}; correctness not checked: the callables return nothing to compare "
+                                 f"({hint})")
+    try:
+        torch.testing.assert_close(c, b)
+    except AssertionError as exc:
+        first = " ".join(str(exc).split())[:200]
+        return PairedDecision(REJECTED, f"the candidate's output differs from the baseline's ({first}): {hint}")
+    except (TypeError, ValueError, RuntimeError) as exc:
+        return replace(d, reason=f"{d.reason}; correctness not checked: outputs of type {type(b).__name__} and "
+                                 f"{type(c).__name__} cannot be compared ({type(exc).__name__}; {hint})")
+    return replace(d, reason=f"{d.reason}; outputs equal within torch's default tolerance")
 
 
 def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Callable[[], Callable[[], Any]], *,
@@ -215,6 +241,8 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
         return ABResult(INCONCLUSIVE, "a sample is 0 ms (below the timer's resolution): no ratio", None, None, None,
                         None, base, cand, cold, **common)
     v = rounds_decision(res.round_log_ratios, level, min_effect)
+    if correctness is None:
+        v = unchecked(v, make_baseline(), make_candidate(), name)   # fresh instances, as every round's
     return ABResult(v.verdict, v.reason, v.speedup, v.ci_low, v.ci_high, v.p_value, base, cand, cold, **common)
 
 
