@@ -747,3 +747,24 @@ def test_paths_resolve_in_the_project_even_when_an_absolute_argument_moves_pytes
                                         "--bench-save", "b")
     res.assert_outcomes(passed=1)
     assert (pytester.path / "baselines" / "b.json").exists() and "bench_core: results" in summary.read_text()
+
+
+def test_storing_or_gating_a_share_of_the_suite_under_xdist_is_refused():
+    """#28: `pytest -n 2 --bench-save x` stored a baseline holding one of two scenarios, without a word."""
+    from types import SimpleNamespace
+
+    from bench_core.shells.plugin import xdist_share
+
+    plain = SimpleNamespace(getoption=lambda name, default=None: default)
+    controller = SimpleNamespace(getoption=lambda name, default=None: 2 if name == "numprocesses" else default)
+    worker = SimpleNamespace(getoption=plain.getoption, workerinput={"workerid": "gw1"})
+    assert (xdist_share(plain), xdist_share(controller), xdist_share(worker)) == (None, "-n 2", "worker gw1")
+
+
+def test_a_worker_of_xdist_refuses_to_store_its_share(pytester):
+    pytester.makeconftest("import pytest\n\n@pytest.hookimpl(tryfirst=True)\ndef pytest_configure(config):\n"
+                          "    config.workerinput = {'workerid': 'gw0'}\n")
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    res = pytester.runpytest("--bench-save", "b")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*under pytest-xdist (worker gw0) each process runs only its share*"])

@@ -40,6 +40,11 @@ def pytest_configure(config):
     try:
         root = _project_root(config)
         scfg = opt.session_config(config.getoption, root, device)
+        shared = xdist_share(config)
+        if shared and (scfg.save or scfg.compare or scfg.against):
+            raise ValueError(f"under pytest-xdist ({shared}) each process runs only its share of the scenarios, so "
+                             f"a baseline would be stored, or a gate decided, from a part of the suite: run the "
+                             f"benchmarks without -n when storing or gating")
         session = BenchSession(scfg, fingerprint(device, root=str(root)))
         if config.getoption("verbose") > -2:   # -qq silences it
             session.watch(lambda line: _progress_line(config, line))
@@ -49,6 +54,15 @@ def pytest_configure(config):
             session.open_revision(root)
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
+
+
+def xdist_share(config) -> str | None:
+    """In words, when this pytest runs only a share of the tests (a pytest-xdist worker, or its controller with
+    -n): None otherwise."""
+    if hasattr(config, "workerinput"):
+        return f"worker {config.workerinput.get('workerid', '?')}"
+    n = config.getoption("numprocesses", None)
+    return f"-n {n}" if n not in (None, 0, "0") else None
 
 
 def _project_root(config) -> Path:
