@@ -138,3 +138,24 @@ def test_the_cpu_default_is_one_thread_auto_keeps_torchs_and_nonsense_is_refused
     assert _threads("auto", "cpu") is None and _threads("4", "cpu") == 4
     with _pytest.raises(ValueError, match="positive count or 'auto'"):
         _threads("0", "cpu")
+
+
+def test_every_table_fits_120_columns_even_when_its_text_is_long():
+    """#28: the distributed table ran to 175-200 characters under its own 'left out to fit 120 columns', and the
+    A/B table to 127: when dropping columns is not enough, the widest text column wraps."""
+    from bench_core.output.tables import fit
+
+    rows = [["ddp_train_step[mlp]", "2 gloo", "1.384", "identical; reference ok (3 steps) " * 3],
+            ["a comparison whose name alone is " + "very " * 12 + "long", "-", "0", "FAIL"]]
+    text = fit(["scenario", "ranks", "step ms", "replicas"], rows, droppable=("ranks",))
+    assert max(map(len, text.splitlines())) <= 120 and "reference ok" in text and "left out to fit" in text
+    assert "very long" in " ".join(text.split())
+
+
+def test_an_ab_table_fits_120_columns():
+    from bench_core.workflows.ab import ABResult
+
+    r = ABResult("inconclusive", "p=0.18, interval [0.931, 1.219]: too wide to rule out a change beyond 1% (faster or "
+                 "slower needs p < 0.01 and the whole interval beyond it); 12 rounds of fresh instances", 1.044, 0.931,
+                 1.219, 0.18, (1.0,) * 6, (0.9,) * 6)
+    assert max(map(len, r.table().splitlines())) <= 120

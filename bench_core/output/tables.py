@@ -27,9 +27,11 @@ def fit(headers: Sequence[str], rows: Sequence[Sequence], *, wide: bool = False,
     never the figures) with one value on every row become a line under the table; then the `droppable`
     columns go, in order, until it fits."""
     headers, rows = list(headers), [list(r) for r in rows]
+    limits: dict[str, int] = {}   # columns wrapped to this many characters, the last resort
 
     def render():
-        return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+        widths = [limits.get(h) for h in headers] if limits else None
+        return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True, maxcolwidths=widths)
     text = render()
     if wide or not rows or max(map(len, text.splitlines())) <= width:
         return text
@@ -50,6 +52,17 @@ def fit(headers: Sequence[str], rows: Sequence[Sequence], *, wide: bool = False,
             remove(h)
             left_out.append(h)
     text = render()
+    for _ in range(3):   # still too wide: the widest columns wrap their text, down to one level for all of them
+        over = max(map(len, text.splitlines())) - width
+        if over <= 0:
+            break
+        cols = {h: limits.get(h) or max([len(str(h))] + [len(x) for r in rows for x in str(r[i]).splitlines()])
+                for i, h in enumerate(headers)}
+        level = max(cols.values())
+        while level > 12 and sum(max(0, c - level) for c in cols.values()) < over:
+            level -= 1
+        limits.update({h: level for h, c in cols.items() if c > level})
+        text = render()
     foot = ([f"every row: {', '.join(said)}"] if said else []) + (
         [f"left out to fit {width} columns: {', '.join(left_out)} (wide tables show them)"] if left_out else [])
     return text + "".join(f"\n{wrap(line, width)}" for line in foot)   # width may differ from WIDTH

@@ -22,6 +22,7 @@ from bench_core.deciding.paired import PairedDecision, paired_decision
 from bench_core.deciding.rounds import rounds_decision
 from bench_core.deciding.sequential import chase, planned_looks
 from bench_core.deciding.verdicts import INCONCLUSIVE, REJECTED, SPEEDUP_MEANS
+from bench_core.output.tables import wrap
 
 
 
@@ -101,7 +102,7 @@ class ABResult:
         out = tabulate(rows, headers=["side", "callable", "cold ms", "median ms", "IQR ms", "min ms", "max ms", "n"],
                        disable_numparse=True) if rows else ""
         p = "-" if self.p_value is None else f"{self.p_value:.2g}"
-        return (f"{out}\nspeedup {self.speedup_text}, p={p}: {self.verdict} ({self.reason})\n"
+        return (f"{out}\n{wrap(f'speedup {self.speedup_text}, p={p}: {self.verdict} ({self.reason})')}\n"
                 f"{SPEEDUP_MEANS}").lstrip()
 
 
