@@ -4,6 +4,7 @@ communication, replicas and reference, a crash, a hang, and two launcher agents 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -255,8 +256,11 @@ def test_a_rank_that_hangs_is_ended_within_the_limit_and_named(no_rank_left):
     with pytest.raises(ScenarioError) as err:
         run_ranks("hang", _spec("hanging"), Topology(2), timeout_s=7)
     text = str(err.value)
-    # rank 0 waits inside DDP's first broadcast for rank 1, which never comes: both are in 'build'
-    assert "past the time limit of 7 s" in text and "rank 1 in 'build'" in text and "--bench-timeout" in text
+    # rank 0 waits inside DDP's first broadcast for rank 1, which never comes: both end in 'build', on a quiet
+    # machine. On a loaded one a rank may still be importing torch when the limit comes (#28: this test failed so):
+    # the message then names each rank's phase as far as it got, or that none had started.
+    assert "past the time limit of 7 s" in text and "--bench-timeout" in text
+    assert re.search(r"\((rank \d in '[\w ]+'(, )?)+;|\(no rank had started;", text), text
 
 
 def _two_agents(spec, timeout_s=120):
