@@ -136,3 +136,26 @@ def test_a_renamed_and_moved_test_is_found_by_its_scenario_name(pytester):
     res = pytester.runpytest("--bench-against", "HEAD", "--bench-rounds", "5", "--bench-pairs", "3", "--bench-no-out")
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*scenario 'model': slower against revision 'HEAD'*"])
+
+
+TWO = '''
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+
+def test_two(bench):
+    bench.run(Scenario("first", ("forward",)), work_on_shared_clock(1.0), clock=SHARED_CLOCK)
+    bench.run(Scenario("second", ("forward",)), work_on_shared_clock({cost}), clock=SHARED_CLOCK)
+'''
+
+
+def test_a_second_scenario_in_one_test_is_never_compared_with_the_first_ones_step(pytester):
+    """#28: two bench.run calls in one test stored the first one's samples under the second's name."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_two=TWO.format(cost=3.0))
+    commit_all(pytester.path)
+    pytester.makepyfile(test_two=TWO.format(cost=9.0))
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-wide")
+    out = res.stdout.str()
+    assert "second: not compared: HEAD" in out and "test measures more than one scenario" in out
+    assert "only its first ('first')" in out and "1 not compared" in out   # counted; --bench-strict fails it

@@ -260,3 +260,23 @@ def test_changed_operator_code_is_found_before_anything_is_loaded(repo):
         assert loaded.operator_code() == ["ops.py", "same_ops.py"]   # both added since
     finally:
         loaded.close()
+
+
+def test_an_untracked_file_makes_the_tree_dirty_and_enters_its_hash(repo):
+    """#28: an untracked new benchmark file was recorded as 'clean'."""
+    clean = working_tree(repo)
+    write(repo, {".bench/results/session-x.json": "{}"})          # bench_core's own output: not code
+    assert not working_tree(repo).dirty and not clean.dirty
+    write(repo, {"benchmarks/test_new.py": "X = 1\n"})
+    one = working_tree(repo)
+    write(repo, {"benchmarks/test_new.py": "X = 2\n"})
+    two = working_tree(repo)
+    assert one.dirty and two.dirty and one.diff_sha256 != two.diff_sha256
+
+
+def test_a_name_that_is_both_a_branch_and_a_tag_is_refused(repo):
+    git(repo, "branch", "x", "HEAD~1")
+    git(repo, "tag", "x", "HEAD")
+    with pytest.raises(RevisionError, match="'x' is ambiguous: a branch and a tag share the name"):
+        resolve(repo, "x")
+    assert resolve(repo, "refs/heads/x").commit != resolve(repo, "refs/tags/x").commit

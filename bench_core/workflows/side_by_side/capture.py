@@ -59,6 +59,10 @@ def capture(func: Callable, value_of: Callable[[str], Any], sizing: Sizing, side
     try:
         func(**args)
     except _Captured as got:
+        found = getattr(got.scenario, "name", None)
+        if found is not None and found != name:   # a capture stops at the test's first bench.run
+            raise ScenarioError(name, f"the {side}'s test measures more than one scenario, and side by side can "
+                                      f"capture only its first ({found!r}): give {name!r} a test of its own") from None
         return instance_from(got.fn, got.kwargs, got.scenario)
     except ScenarioError:
         raise

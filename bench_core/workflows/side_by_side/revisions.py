@@ -65,14 +65,25 @@ class Revision:
 
 
 def working_tree(root: Path) -> Revision:
+    """The current tree: its commit, and whether it differs from it (changed files, and new files git does not
+    ignore: an untracked benchmark file is part of what runs), with a hash of those differences."""
     head = _git(root, "rev-parse", "--verify", "HEAD")
     commit = head.stdout.strip() if head.returncode == 0 else None
-    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    ours = ":(exclude).bench"   # bench_core's own results are not code that runs
+    status = _git(root, "status", "--porcelain", "--", ".", ours)
     dirty = status.returncode == 0 and bool(status.stdout.strip())
     digest = None
     if dirty:
         diff = _git(root, "diff", "HEAD", binary=True)
-        digest = hashlib.sha256(diff.stdout).hexdigest() if diff.returncode == 0 else None
+        new = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".", ours)
+        h = hashlib.sha256(diff.stdout)
+        for rel in sorted(p for p in new.stdout.split("\0") if p):
+            try:
+                content = (Path(root) / rel).read_bytes()
+            except OSError:   # gone since it was listed, or not a file to read: its name is what is known
+                content = b""
+            h.update(rel.encode() + b"\0" + content)
+        digest = h.hexdigest() if diff.returncode == 0 else None
     return Revision("working tree", commit, dirty, digest)
 
 
@@ -83,6 +94,11 @@ def resolve(root: Path, rev: str) -> Revision:
     inside = _git(root, "rev-parse", "--is-inside-work-tree")
     if inside.returncode != 0:
         raise RevisionError(f"{root} is not inside a git repository, so there is no revision {rev!r} to compare with")
+    both = [ref for ref in (f"refs/heads/{rev}", f"refs/tags/{rev}")
+            if _git(root, "rev-parse", "--verify", "--quiet", ref).returncode == 0]
+    if len(both) == 2:   # git would take the tag without a word
+        raise RevisionError(f"revision {rev!r} is ambiguous: a branch and a tag share the name; say which "
+                            f"(--bench-against refs/heads/{rev} or refs/tags/{rev})")
     out = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     if out.returncode != 0:
         shallow = _git(root, "rev-parse", "--is-shallow-repository").stdout.strip() == "true"
