@@ -181,9 +181,6 @@ class BenchSession:
             self.record_error(scenario.name, exc.problem)
             raise
 
-    def gate(self, m: Measurement, replicate: Callable[[], Measurement] | None = None):
-        return stored_gate.gate(self, m, replicate)
-
     def run_distributed(self, scenario: Scenario, build: Callable, **kwargs) -> tuple[Measurement, Comparison | None]:
         return distributed.run_distributed(self, scenario, build, **kwargs)
 

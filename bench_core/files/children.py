@@ -24,6 +24,21 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+def end_pids(pids: Iterable[int], still_ours: Callable[[int], bool], grace_s: float = GRACE_S) -> None:
+    """End processes known only by their ids (started by code under test, say): SIGTERM, then SIGKILL, each
+    followed by up to `grace_s` for them to go; `still_ours(pid)` tells which are still there."""
+    pids = [p for p in pids if still_ours(p)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            if still_ours(pid):
+                _signal(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while any(still_ours(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not any(still_ours(p) for p in pids):
+            return
+
+
 def end(proc: subprocess.Popen, *, others: Iterable[int] = (), still_ours: Callable[[int], bool] = lambda pid: True,
         ask: Callable[[], None] | None = None, grace_s: float = GRACE_S) -> None:
     """End `proc` and the processes `others` it started (which may run in sessions of their own, so ending

@@ -284,15 +284,15 @@ class BenchFixture:
 def bench(request):
     """The fixture; around the test, the process-wide state it may change: each scenario starts from the
     session's state, and one that leaves a setting changed or a process behind is named (and it is undone)."""
-    from bench_core.timing import global_state
+    from bench_core.workflows import isolation
 
     session = _session(request.config)
     if session is None:  # pragma: no cover - configure always builds one
         pytest.skip("bench_core session not configured")
-    before = global_state.capture()
+    before = isolation.capture()
     yield BenchFixture(session, request)
     kept = set(session.workers.pids()) if session.workers is not None else set()   # the pool's, on purpose
-    said = global_state.restore(before, kept)
+    said = isolation.restore(before, kept)
     if said:
         session.left_changed(request.node.name, said)
 

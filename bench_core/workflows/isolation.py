@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from bench_core.files import children
 
 SETTINGS: dict[str, tuple[Callable[[Any], Any], Callable[[Any, Any], None]]] = {
     # name -> (read it from torch, set it on torch)
@@ -96,22 +96,10 @@ def restore(before: Snapshot, keep_children: set[int] = frozenset()) -> list[str
     left = sorted(child_pids() - before.children - set(keep_children))
     if left:
         said.append(f"{len(left)} process(es) still running ({', '.join(map(str, left))}), now ended")
-        _end(left)
-    return said
-
-
-def _end(pids: list[int], grace_s: float = 2.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(p in child_pids() for p in pids):
-            time.sleep(0.05)
-        for pid in pids:   # reap what ended, so no zombie stays
+        children.end_pids(left, still_ours=lambda pid: pid in child_pids())
+        for pid in left:   # reap what ended, so no zombie stays
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
+    return said
