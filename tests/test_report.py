@@ -159,3 +159,10 @@ def test_an_ab_table_fits_120_columns():
                  "slower needs p < 0.01 and the whole interval beyond it); 12 rounds of fresh instances", 1.044, 0.931,
                  1.219, 0.18, (1.0,) * 6, (0.9,) * 6)
     assert max(map(len, r.table().splitlines())) <= 120
+
+
+def test_an_interval_level_never_reads_100_percent():
+    """#28: an interval printed as '(100.0%)' hid its real level."""
+    from bench_core.deciding.gate import level_text
+
+    assert [level_text(c) for c in (0.997, 0.9996, 0.999994, 1 - 1e-9)] == ["99.7%", "99.96%", "99.999%", "1 - 1e-09"]

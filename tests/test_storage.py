@@ -202,3 +202,12 @@ def test_values_that_cannot_be_timings_or_records_are_refused_naming_the_field(t
     path = _edited(tmp_path, edit)
     with pytest.raises(StorageError, match=needle):
         storage.load_runs(path)
+
+
+def test_a_baseline_name_too_long_is_refused_for_its_length(tmp_path):
+    """#28: a 300-character name was refused as if it held a wrong character."""
+    with pytest.raises(StorageError, match="baseline name is 300 characters long.*at most 100"):
+        storage.baseline_path(tmp_path, "a" * 300)
+    assert storage.baseline_path(tmp_path, "a" * 100).name == "a" * 100 + ".json"
+    with pytest.raises(StorageError, match="is not valid"):
+        storage.baseline_path(tmp_path, "-bad")

@@ -113,6 +113,15 @@ class GateConfig:
         return planned_looks(self.min_runs, self.max_runs, 2)
 
 
+def level_text(confidence: float) -> str:
+    """A confidence level in as many digits as it takes not to read 100%: 99.7%, 99.96%, 99.999%."""
+    for digits in range(1, 7):
+        text = f"{confidence:.{digits}%}"
+        if not text.startswith("100"):
+            return text
+    return f"1 - {1 - confidence:.1g}"
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One scenario's comparison. `verdict` is None on an estimate not decided yet (see `decide_family`)."""
@@ -423,7 +432,7 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     sig = p_adjusted < alpha
     beyond = c.ratio > 1 + thr or c.ratio < 1 / (1 + thr)
     direction = SLOWER if d > 0 else FASTER
-    where = f"the {confidence:.1%} interval [{lo:.3f}, {hi:.3f}]"
+    where = f"the {level_text(confidence)} interval [{lo:.3f}, {hi:.3f}]"
     more = _runs_to_decide(c, alpha_used, config)
     hint = "" if c.guard is None else (
         f" (about {more} candidate runs in all would likely decide)" if more is not None else

@@ -26,7 +26,8 @@ DECISION_FORMAT = "bench_core.decision"
 REPLICA_FORMAT = "bench_core.replica"         # a fresh process's measurements, read back at once, never stored
 STATE_FORMAT, STATE_SCHEMA_VERSION = "bench_core.state", 2
 REFERENCE_FORMAT, REFERENCE_SCHEMA_VERSION = "bench_core.reference", 1
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+NAME_MAX = 100
+_NAME_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}$")
 _CONFLICT_RE = re.compile(r"^(<<<<<<<|=======$|>>>>>>>)", re.MULTILINE)
 
 
@@ -233,6 +234,9 @@ def safe_stem(name: str, default: str) -> str:
 
 
 def baseline_path(folder: Path, name: str) -> Path:
+    if isinstance(name, str) and len(name) > NAME_MAX:   # said as what it is, not as a wrong character
+        raise StorageError(Path(folder) / f"{name[:40]}....json", f"baseline name is {len(name)} characters long",
+                           hint=f"use at most {NAME_MAX}")
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise StorageError(Path(folder) / f"{name}.json", f"baseline name {name!r} is not valid",
                            hint="use letters, digits, '.', '_' or '-', starting with a letter or digit")

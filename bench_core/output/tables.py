@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from tabulate import tabulate
 
-from bench_core.deciding.gate import Comparison
+from bench_core.deciding.gate import Comparison, level_text
 from bench_core.core.records import Measurement
 from bench_core.core.stats import clusters, per_second, summarize
 
@@ -246,7 +246,7 @@ def comparison_row(c: Comparison) -> list[str]:
     def num(v, f):
         return "-" if v is None else format(v, f)
 
-    ci = "-" if c.ci_low is None else f"[{c.ci_low:.3g}, {c.ci_high:.3g}] ({c.confidence:.1%})"
+    ci = "-" if c.ci_low is None else f"[{c.ci_low:.3g}, {c.ci_high:.3g}] ({level_text(c.confidence)})"
     p = "-" if c.p_value is None else f"{c.p_value:.2g} ({c.p_adjusted:.2g})"
     # the baseline's own run-to-run spread, measured: how much one run of it may be trusted
     spread = "" if c.baseline_spread is None else f" ({math.expm1(c.baseline_spread):.1%})"
