@@ -234,6 +234,8 @@ class BenchSession:
                 f"{n[INCOMPARABLE]} incomparable")
         new, missed = n[NEW] + len(self.new), len({name for name, _ in self.one_side} - self.new)
         line += f"; {missed} not compared (--bench-strict fails them)" if missed else ""
+        gone = len(self.missing_from_run())
+        line += f"; {gone} in the baseline but not run now" if gone else ""
         line += f"; {new} new (nothing to compare with)" if new else ""
         if self.nothing_compared():
             line += " (nothing was compared: the session fails)"

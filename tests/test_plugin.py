@@ -768,3 +768,22 @@ def test_a_worker_of_xdist_refuses_to_store_its_share(pytester):
     res = pytester.runpytest("--bench-save", "b")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
     res.stderr.fnmatch_lines(["*under pytest-xdist (worker gw0) each process runs only its share*"])
+
+
+def test_strict_fails_a_baseline_scenario_that_was_not_run_unless_it_was_left_out_on_purpose(bt):
+    """#28: a skipped or renamed scenario under --bench-compare was one line, and with -k nothing was said; the
+    outcome line now counts it, and --bench-strict fails the session unless -k or -m left it out."""
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
+    for i in range(3):
+        bt.runpytest("--bench-save", "main", *(["--bench-append"] if i else []), "--bench-repeats", "6",
+                     "--bench-no-out").assert_outcomes(passed=2)
+    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0).replace('"beta"', '"beta_renamed"'))
+    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "6", "--bench-no-out", "--bench-strict",
+                       "--bench-min-runs", "1", "--bench-max-runs", "1")
+    assert res.ret == 1
+    out = " ".join(res.stdout.str().split())
+    assert "1 in the baseline but not run now" in out and "--bench-strict: 1 scenario(s) of the baseline were " \
+                                                           "not run now (beta)" in out
+    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "6", "--bench-no-out", "--bench-strict",
+                       "--bench-min-runs", "1", "--bench-max-runs", "1", "-k", "alpha")
+    assert "were not run now" not in res.stdout.str()

@@ -13,7 +13,8 @@ import pytest
 from bench_core.shells import options as opt, replay
 
 _KEY = pytest.StashKey["object"]()
-_SIGTERM = pytest.StashKey["object"]()   # the SIGTERM handler the session replaced
+_SIGTERM = pytest.StashKey["object"]()
+_DESELECTED = pytest.StashKey[bool]()    # -k or -m left tests out on purpose   # the SIGTERM handler the session replaced
 _STORED = pytest.StashKey["object"]()   # finish()'s lines, or the exception that stopped it
 GPU_MARKER = "gpu"
 
@@ -98,6 +99,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if GPU_MARKER in item.keywords:
                 item.add_marker(skip)
+
+
+def pytest_deselected(items):
+    if items:
+        items[0].config.stash[_DESELECTED] = True
 
 
 def pytest_collection_finish(session):
@@ -326,6 +332,10 @@ def pytest_sessionfinish(session, exitstatus):
     lines, failures = bench.finish(incomplete)
     wrong = [f"no scenario was compared with {bench.compared_with}: the session fails (the reasons are under the "
              f"comparison table)"] if bench.nothing_compared() else []   # a gate that compared nothing never passes
+    missing = bench.missing_from_run()
+    if missing and bench.config.strict and not session.config.stash.get(_DESELECTED, False):
+        wrong.append(f"--bench-strict: {len(missing)} scenario(s) of the baseline were not run now "
+                     f"({', '.join(missing)}); select on purpose with -k or -m, or record a new baseline")
     session.config.stash[_STORED] = (lines, failures, wrong)
     if (failures or wrong) and exitstatus == 0:  # losing results silently is worse than a red run
         session.exitstatus = 1
