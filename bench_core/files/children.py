@@ -10,6 +10,7 @@ import time
 from typing import Callable, Iterable, Sequence
 
 GRACE_S = 5.0
+STARTUP_S = 120.0   # a child that imports torch (and collects tests) takes seconds on a loaded runner: not a hang
 
 
 def start(argv: Sequence[str], **popen) -> subprocess.Popen:

@@ -1,6 +1,6 @@
 """A pytest test replayed elsewhere: called again for a fresh instance of its scenario (this tree's or the
-revision's version of the test function), or served by a worker process that calls it anew (side by side in
-worker mode, and the stored gate's fresh-process replication). The plugin's `bench.run` hands the test's
+revision's version of the test function), served by a worker process that calls it anew (side by side in worker
+mode), or run again as a whole by pytest in a fresh process (the stored gate's replication). The plugin's `bench.run` hands the test's
 request here; what pytest knows (its fixtures, its parameters, its file) is read here and nowhere else."""
 from __future__ import annotations
 
@@ -167,13 +167,13 @@ def replicator(session, request, name):
     fixtures, parameters and conftest files, measuring only; its measurement of this scenario comes back."""
     config = request.config
     root = Path(str(config.rootpath))
-    limit = (session.config.timeout_s or 600.0) + STARTUP_S
+    limit = (session.config.timeout_s or 600.0) + children.STARTUP_S
 
     def replicate(warmup, repeats):
         with tempfile.TemporaryDirectory(prefix="bench_core-replica-") as tmp:
             out, log_path = Path(tmp) / "replica.json", Path(tmp) / "pytest.log"
             argv = replica_command(session, request.node.nodeid, root, config.inipath, out, warmup, repeats)
-            with open(log_path, "wb") as log:
+            with storage.open_log(log_path) as log:
                 proc = children.start(argv, cwd=str(root), stdout=log, stderr=subprocess.STDOUT)
                 try:
                     code = proc.wait(timeout=limit)
@@ -181,7 +181,7 @@ def replicator(session, request, name):
                     code = None
                 finally:
                     children.end(proc)
-            tail = " / ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])
+            tail = storage.log_tail(log_path, 3)
             if code is None:
                 raise ScenarioError(name, f"the fresh process ran past {limit:g} s and was ended: {tail}")
             m = storage.read_replica(out, name, session.environment) if out.exists() else None
@@ -190,9 +190,6 @@ def replicator(session, request, name):
                                           f"measure this scenario: {tail}")
             return m
     return replicate
-
-
-STARTUP_S = 120.0   # a fresh pytest imports torch and collects: seconds on a loaded runner, never a hang
 
 
 def replica_command(session, nodeid: str, root: Path, inipath, out: Path, warmup: int, repeats: int) -> list[str]:

@@ -96,7 +96,6 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
             reply({"error": exc.problem})
 
 
-STARTUP_S = 120.0
 QUIT_GRACE_S = 10.0   # a worker's interpreter takes about a second to end
 
 
@@ -122,7 +121,7 @@ class Worker:
         # importing torch on a loaded runner takes seconds: a slow start is not a hang, so the start gets at
         # least STARTUP_S whatever the per-command limit
         if not self._started:
-            self._read(expect="ready", timeout_s=max(self.timeout_s, STARTUP_S))
+            self._read(expect="ready", timeout_s=max(self.timeout_s, children.STARTUP_S))
             self._started = True
         if self._spec is not None and self._spec != self._loaded:
             out = self._send({"cmd": "load", **self._spec}, expect="ok")
