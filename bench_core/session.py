@@ -6,7 +6,7 @@ What a session may be asked, and where it goes:
 | request | workflow |
 |---|---|
 | `run` a scenario (measured here; gated when there is a stored baseline) | `workflows.stored_gate` |
-| `run_against` / `run_against_workers` (side by side with a revision) | `workflows.side_by_side.compare` |
+| `run_against` / `run_against_processes` (side by side with a revision) | `workflows.side_by_side.compare` |
 | `run_distributed`, `ab_distributed` | `workflows.distributed.scenario` |
 | `ab` (A/B of two callables, or of two factories of steps) | `workflows.ab` |
 | `reference` (correctness across commits) | `workflows.validation.correctness` |
@@ -62,6 +62,7 @@ class SessionConfig:
     against: side_by_side.AgainstConfig | None = None
     topology: Any = None               # a distributed Topology given on the command line (--bench-nproc...), or None
     replica: Path | None = None        # a fresh process of the gate's replication: its measurements go here
+    serve: tuple[int, int] | None = None   # a side's server of --bench-against's process mode: its channel
 
 
 class BenchSession:
@@ -97,7 +98,8 @@ class BenchSession:
         self.prior = None                             # the run-to-run variance prior fitted from the baseline
         self.baseline_notes: list[str] = []           # what makes the baseline hard to trust
         self.revision = None                          # revisions.LoadedRevision under --bench-against
-        self.workers = None                           # worker.WorkerPool, once a scenario needs worker mode
+        self.workers = None                           # worker.WorkerPool, once a scenario needs process mode
+        self.serving = None                           # worker.ServeState, in a side's server
         if config.compare is not None:
             self.baseline, self.prior, self.baseline_notes = stored_gate.load_baseline(config)
 
@@ -202,8 +204,8 @@ class BenchSession:
     def run_against(self, scenario: Scenario, live, rebuild, rev_build, **kwargs):
         return side_by_side.run_against(self, scenario, live, rebuild, rev_build, **kwargs)
 
-    def run_against_workers(self, scenario: Scenario, live, sides, **kwargs):
-        return side_by_side.run_against_workers(self, scenario, live, sides, **kwargs)
+    def run_against_processes(self, scenario: Scenario, live, sides, **kwargs):
+        return side_by_side.run_against_processes(self, scenario, live, sides, **kwargs)
 
     def ab(self, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any], **kwargs):
         return ab_workflow.run_ab(self, name, baseline, candidate, **kwargs)
@@ -247,7 +249,7 @@ class BenchSession:
     def compared_with(self) -> str | None:
         """What the comparisons are against, in words: a stored baseline or another revision."""
         if self.config.against is not None:
-            return f"revision {self.config.against.rev!r}"
+            return f"revision {self.config.against.label!r}"
         return f"baseline {self.config.compare!r}" if self.config.compare else None
 
     def missing_from_run(self) -> list[str]:

@@ -2,7 +2,7 @@
 
 Run as its own benchmark, never in the test suite (it takes minutes):
     python quality/against_quality.py [--trials 30] [--conditions quiet,loaded] [--rounds 10 --pairs 4]
-    python quality/against_quality.py --isolated --trials 8 --conditions quiet     # worker mode (slow: 33x)
+    python quality/against_quality.py --isolated --trials 30 --conditions quiet,loaded   # process mode
 
 It creates a throwaway git repository with two real commits. The first has nine scenarios: three workloads
 (compute-bound matmul, memory-bound elementwise, a small CNN training step), each of 20 units of work. The
@@ -98,7 +98,7 @@ COMPETITOR = "while True:\n    sum(i * i for i in range(100000))\n"
 
 ISOLATED = '''
 # registered at import: a second copy of this module cannot load into the same process, so
-# --bench-against falls back to worker processes (the mode this variant measures)
+# --bench-against runs each side in a pytest process of its own (the mode this variant measures)
 LIB = torch.library.Library("against_quality_isolated", "DEF")
 LIB.define("noop(Tensor x) -> Tensor")
 '''
@@ -149,7 +149,8 @@ def trial_rows(session_file: Path) -> list[dict]:
         rows.append({"kind": kind, "variant": variant, "verdict": c["verdict"], "ratio": c["ratio"],
                      "ci95": [math.exp(logs.mean() - q * se), math.exp(logs.mean() + q * se)],
                      "ci_decided": [c["ci_low"], c["ci_high"]], "confidence": c["confidence"], "rounds": n,
-                     "mode": "workers" if isinstance(parts, list) else "one process"})
+                     "mode": ("pairs of processes" if isinstance(parts, list) else
+                              "forked rounds" if "why_processes" in rec["code"] else "one process")})
     return rows
 
 
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
     ap.add_argument("--worker-pairs", type=int, default=None, help="--bench-worker-pairs (worker mode)")
     ap.add_argument("--plain-every", type=int, default=5, help="time a plain run every N trials")
     ap.add_argument("--isolated", action="store_true",
-                    help="code that cannot load twice (a torch.library registration): measures worker mode")
+                    help="code that cannot load twice (a torch.library registration): measures process mode")
     ns = ap.parse_args(argv)
     extra = ["--bench-against", "HEAD~1"]
     extra += ["--bench-rounds", str(ns.rounds)] if ns.rounds else []
@@ -208,7 +209,7 @@ def main(argv=None) -> int:
                           f"{rounds(aa)} / {rounds(p5)} / {rounds(p10)}",
                           f"{np.median(res['wall_against']):.1f} s / {np.median(res['wall_plain']):.1f} s = {cost:.1f}x"])
     modes = sorted({r["mode"] for res in results.values() for t in res["trials"] for r in t})
-    print(f"mode(s) that ran: {', '.join(modes)} (rounds column: process pairs in worker mode)")
+    print(f"mode(s) that ran: {', '.join(modes)} (rounds column: process pairs where pairs of processes ran)")
     print(tabulate(table, headers=["condition", "workload", "A/A false calls", "A/A 95% CI covers 1",
                                    "A/A spread of ratio", "+5% called slower", "+10% called slower",
                                    "rounds run (A/A / +5% / +10%)",

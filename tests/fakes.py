@@ -1,6 +1,8 @@
 """Deterministic stand-ins for the clock and for torch.cuda, so timing logic is tested exactly."""
 from __future__ import annotations
 
+import os
+
 MS = 1_000_000  # ns
 
 
@@ -24,14 +26,17 @@ SHARED_CLOCK = FakeClock()  # one clock for both revisions of a side-by-side tes
 
 def work_on_shared_clock(ms: float):
     """A step that takes about `ms` on the shared fake clock: +-2% of deterministic jitter per call, so
-    rounds differ as they do on a real machine (the jitter runs on across instances)."""
+    rounds differ as they do on a real machine (the jitter runs on across instances; a process forked from this one
+    starts it at a phase of its own, as a fresh process would)."""
     def fn():
+        if os.getpid() != _JITTER["pid"]:
+            _JITTER.update(pid=os.getpid(), n=os.getpid() % 11)
         _JITTER["n"] += 1
         SHARED_CLOCK.advance_ms(ms * (1 + 0.02 * (((_JITTER["n"] * 7919) % 11) - 5) / 5))
     return fn
 
 
-_JITTER = {"n": 0}
+_JITTER = {"n": 0, "pid": os.getpid()}
 
 
 class FakeGPU:

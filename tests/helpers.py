@@ -24,16 +24,20 @@ def runs(levels, n=30, spread=0.01, seed=0, name="s", **kw):
 
 
 def orphaned_workers() -> list[int]:
-    """bench_core worker processes whose parent (named on their command line) is gone: leaks, whoever made them.
-    Workers of other live sessions on the machine are not counted."""
-    import os
+    """bench_core side servers (`--bench-serve`) and their forked round processes whose parent is gone (adopted by
+    init or a subreaper): leaks, whoever made them. Servers of other live sessions on the machine are not counted."""
     import subprocess
 
-    out = subprocess.run(["pgrep", "-af", "bench_core.workflows.worker --parent"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", "--", "--bench-serve="], capture_output=True, text=True).stdout
     orphans = []
-    for line in out.splitlines():
-        pid, *args = line.split()
-        parent = int(args[args.index("--parent") + 1]) if "--parent" in args else None
-        if parent is not None and not os.path.exists(f"/proc/{parent}"):
-            orphans.append(int(pid))
+    for pid in (int(p) for p in out.split()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{ppid}/cmdline", "rb") as f:
+                parent = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue   # gone meanwhile
+        if ppid == 1 or ("pytest" not in parent and "python" not in parent):
+            orphans.append(pid)
     return orphans

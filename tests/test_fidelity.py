@@ -1,7 +1,10 @@
 """Each side runs its own code, or the comparison says it cannot (#27's table), in throwaway repositories run
 through the real plugin: a conftest fixture built from changed code, a revision whose test does not compile, a
 sibling module found on sys.path only after the revision was loaded."""
+import json
 import subprocess
+
+import pytest
 
 
 import fakes
@@ -38,16 +41,25 @@ def test_model(bench, model):
 '''
 
 
-def test_a_fixture_built_from_changed_code_is_never_compared_against_itself(pytester):
+def test_a_fixture_built_from_changed_code_is_compared_with_each_side_in_its_own_process(pytester):
     """The model comes from a conftest fixture, 2 -> 16 layers: in one process both sides would get the
-    current tree's model (a 12x regression passed as unchanged); now the scenario fails, naming the file."""
+    current tree's model (a 12x regression passed as unchanged); each side now runs in a pytest process of its
+    own tree, with its own fixture, and the 8x is found. The record names why, and which files each side ran."""
     pytester.makeconftest(FIXTURE_CONFTEST)
     pytester.makepyfile(mymodel="class Model:\n    def cost(self):\n        return 2.0\n", test_m=FIXTURE_TEST)
     commit_all(pytester.path)
     pytester.makepyfile(mymodel="class Model:\n    def cost(self):\n        return 16.0\n")
-    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out")
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out")
     res.assert_outcomes(failed=1)
-    res.stdout.fnmatch_lines(["*cannot be compared side by side in one process*the fixture 'model' (mymodel.py)*"])
+    res.stdout.fnmatch_lines(["*scenario 'model': slower against revision 'HEAD'*"])
+    (rec,) = json.loads(next((pytester.path / "out").glob("*.json")).read_text())["against"]["scenarios"]
+    assert rec["comparison"]["ratio"] == pytest.approx(8.0, rel=0.02)
+    assert "the fixture 'model' (mymodel.py)" in rec["code"]["why_processes"]
+    ran = rec["code"]["processes_ran"]
+    model_files = {side: [f for f in ran[side][0]["files"] if f.endswith("mymodel.py")] for side in ran}
+    assert model_files["candidate"] == [str(pytester.path / "mymodel.py")]
+    assert model_files["baseline"][0] != model_files["candidate"][0] and ran["baseline"][0]["forked_rounds"]
+    assert ran["baseline"][0]["pid"] != ran["candidate"][0]["pid"]
 
 
 def test_a_fixture_whose_code_is_the_same_on_both_sides_is_compared(pytester):

@@ -416,28 +416,27 @@ def test_isolated_unchanged(bench):
 '''
 
 
-def test_code_that_cannot_load_twice_is_compared_in_worker_processes(pytester):
+def test_code_that_cannot_load_twice_is_compared_with_each_side_in_its_own_process(pytester):
     committed(pytester, test_isolated=ISOLATED.format(ms=2))
     pytester.makepyfile(test_isolated=ISOLATED.format(ms=6))      # three times slower
-    # 5 pairs, though quick: with 3 (2 df) one disturbed pair left a 3x slowdown undecided in CI, [0.32, 16.5]
-    res = pytester.runpytest_subprocess("--bench-against", "HEAD", "--bench-quick", "--bench-worker-pairs", "5")
+    res = pytester.runpytest_subprocess("--bench-against", "HEAD", "--bench-quick")
     res.assert_outcomes(failed=1, passed=1)
     res.stdout.fnmatch_lines(["*scenario 'isolated': slower against revision 'HEAD'*",
-                              "*5 pairs of worker processes x 1 rounds x 2 pairs (the code cannot be loaded twice*",
-                              "*worker mode: 2 scenario(s) in 10 worker processes, kept from scenario to scenario*"])
+                              "*each side a pytest process of its own, every round in freshly forked*",
+                              "*process mode: 2 scenario(s) served by 2 pytest process(es), one per side and test file*"])
     (path,) = (pytester.path / ".bench" / "results").glob("session-*.json")
     rec = next(r for r in json.loads(path.read_text())["against"]["scenarios"] if r["scenario"] == "isolated")
-    assert len(rec["rounds"]) == 5 and "register(s) torch operators" in rec["code"]["why_workers"]
-    ran = rec["code"]["workers_ran"]      # each worker's own word: the candidate's ran this tree's file, REV's its own
-    assert len(ran["candidate"]) == len(ran["baseline"]) == 5
-    assert {r["test_file"] for r in ran["candidate"]} == {str(pytester.path / "test_isolated.py")}
-    (rev_file,) = {r["test_file"] for r in ran["baseline"]}
-    assert rev_file != str(pytester.path / "test_isolated.py") and rev_file.endswith("test_isolated.py")
-    assert {r["test_file_sha256"] for r in ran["baseline"]} != {r["test_file_sha256"] for r in ran["candidate"]}
+    assert "register(s) torch operators" in rec["code"]["why_processes"]
+    ran = rec["code"]["processes_ran"]      # each server's own word: which files it loaded, from which tree
+    here = str(pytester.path / "test_isolated.py")
+    assert here in ran["candidate"][0]["files"] and here not in ran["baseline"][0]["files"]
+    (rev_file,) = [f for f in ran["baseline"][0]["files"] if f.endswith("test_isolated.py")]
+    assert ran["baseline"][0]["files"][rev_file] != ran["candidate"][0]["files"][here]
+    assert ran["baseline"][0]["forked_rounds"] and ran["baseline"][0]["torch"]
     assert 2.0 < rec["comparison"]["ratio"] < 3.5      # the candidate's 3x code ran, not REV's
     from helpers import orphaned_workers
 
-    assert orphaned_workers() == [], "a worker process was left behind"
+    assert orphaned_workers() == [], "a server was left behind"
 
 
 def test_the_gate_states_what_it_decided_and_strict_fails_what_it_could_not(bt):

@@ -160,53 +160,95 @@ def test_on_a_gpu_both_sides_are_timed_by_events_one_at_a_time():
 
 
 def _worker_test(tmp_path, body):
+    """A side's server for a test file in `tmp_path` whose test_w runs `body`: its init and the item it serves."""
+    import sys
+
+    from bench_core.shells.serving import server_command
+    from bench_core.workflows.worker import server_env
+
     f = tmp_path / "test_w.py"
     f.write_text("import os, time\n\ndef test_w(bench):\n    " + body + "\n")
-    return ({"side": "baseline", "import_roots": [str(tmp_path)], "device": "cpu", "quick": True, "threads": 1},
-            {"scenario": "w", "test_file": str(f), "function": "test_w", "params": {}})
+    argv = server_command(sys.executable, f, tmp_path, None, device="cpu", quick=True, threads=1, timeout_s=0)
+    return ({"side": "baseline", "tree": str(tmp_path), "python": sys.executable, "file": str(f),
+             "roots": [str(tmp_path)], "threads": 1, "device": "cpu", "argv": argv, "env": server_env([str(tmp_path)])},
+            {"scenario": "w", "file": str(f), "function": "test_w", "param_id": None})
 
 
 @pytest.mark.parametrize("body, needle", [("time.sleep(60)", "did not answer in time"),
                                           ("os._exit(3)", "ended")])
-def test_a_worker_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needle):
+def test_a_server_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needle):
     from bench_core.workflows.worker import Worker
 
     init, spec = _worker_test(tmp_path, body)
-    w = Worker(init, timeout_s=3, spec=spec)
-    w.wait_ready()
-    with pytest.raises(ScenarioError, match=f"the baseline's worker process {needle}"):
-        w.build()
+    w = Worker(init, timeout_s=3)
+    w.assign(spec)
+    with pytest.raises(ScenarioError, match=f"the baseline's process \\(pytest test_w.py in .*\\) {needle}"):
+        w.wait_ready()
     assert w.proc.poll() is not None          # ended, not left behind
 
 
-def test_a_worker_serves_fresh_instances_and_samples(tmp_path):
+def test_a_server_serves_each_round_from_a_freshly_forked_child_that_ends_with_its_round(tmp_path):
+    import os
+
     from bench_core.workflows.worker import Worker
 
     init, spec = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
                                         'bench.run(Scenario("w", ("compute",)), lambda: time.sleep(0.002))')
-    with Worker(init, spec=spec) as w:
+    children = []
+    with Worker(init) as w:
+        w.assign(spec)
         w.wait_ready()
-        assert w.build().name == "w"
-        s = w.sample()
-        assert 1.5 < s.host_ms < 50 and s.gpu_ms is None
+        assert w.ran["forked_rounds"] and str(tmp_path / "test_w.py") in w.ran["files"]
+        for _ in range(2):
+            assert w.round().name == "w"
+            children.append(w.child)
+            s = w.sample()
+            assert 1.5 < s.host_ms < 50 and s.gpu_ms is None
+            w.end_round()
+            assert not os.path.exists(f"/proc/{children[-1]}/cmdline")   # the round's child has ended
+        assert len(set(children)) == 2 and w.proc.pid not in children
+        w.done()
     assert w.proc.poll() is not None
 
 
-def test_a_worker_whose_code_prints_still_answers_and_its_prints_go_to_its_log(tmp_path):
+def test_a_round_child_ends_with_its_server_even_one_killed_outright(tmp_path):
+    import os
+    import signal
+    import time
+
+    from bench_core.workflows.worker import Worker
+
+    init, spec = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
+                                        'bench.run(Scenario("w", ("compute",)), lambda: None)')
+    with Worker(init) as w:
+        w.assign(spec)
+        w.wait_ready()
+        w.round()
+        child = w.child
+        os.kill(w.proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{child}/cmdline") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{child}/cmdline")
+
+
+def test_a_server_whose_code_prints_still_answers_and_its_prints_go_to_its_log(tmp_path):
     """A model that reports its size on stdout (and a lot of it: more than a pipe holds) must not break the
-    channel; what it printed is kept, and named when the worker fails."""
+    channel; what it printed is kept, and named when the server fails."""
     from bench_core.workflows.worker import Worker
 
     init, spec = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
                                         'print("number of parameters: 0.41M\\n" * 20000, flush=True)\n    '
                                         'bench.run(Scenario("w", ("compute",)), lambda: None)')
-    with Worker(init, spec=spec) as w:
+    with Worker(init) as w:
+        w.assign(spec)
         w.wait_ready()
-        assert w.build().name == "w" and w.sample().host_ms >= 0
-        assert w.log_tail(1) == ["number of parameters: 0.41M"]
+        assert w.round().name == "w" and w.sample().host_ms >= 0
+        w.end_round()
+        assert "number of parameters: 0.41M" in w.log_tail(40)
 
 
-def test_a_pool_serves_one_scenario_after_another_and_ends_a_worker_that_failed(tmp_path):
+def test_a_pool_serves_one_scenario_after_another_and_ends_a_server_that_failed(tmp_path):
     import os
 
     from bench_core.workflows.worker import WorkerPool
@@ -221,12 +263,14 @@ def test_a_pool_serves_one_scenario_after_another_and_ends_a_worker_that_failed(
     try:
         w = pool.get("baseline", 0, init, spec_w)
         w.wait_ready()
-        assert w.build().name == "w" and w.sample().host_ms >= 1.0
-        pool.release("baseline", 0, w, True)
+        assert w.round().name == "w" and w.sample().host_ms >= 1.0
+        w.end_round()
+        w.done()
+        pool.release(w, True)
         again = pool.get("baseline", 0, init, spec_v)       # the same process, now serving the next scenario
         again.wait_ready()
-        assert again is w and again.build().name == "v" and pool.pids() == [w.proc.pid]
-        pool.release("baseline", 0, again, False)            # something went wrong in its pair: ended
+        assert again is w and again.round().name == "v" and pool.pids() == [w.proc.pid]
+        pool.release(again, False)                           # something went wrong in its pair: ended
         assert w.proc.poll() is not None and pool.pids() == []
         fresh = pool.get("baseline", 0, init, spec_v)        # the slot starts afresh
         assert fresh is not w and fresh.alive
@@ -235,14 +279,14 @@ def test_a_pool_serves_one_scenario_after_another_and_ends_a_worker_that_failed(
     assert pool.pids() == [] and fresh.proc.poll() is not None and not os.path.exists(f"/proc/{fresh.proc.pid}/cmdline")
 
 
-class _FakeWorker:
+class _FakeServer:
     def __init__(self, side, ms, fail_at=None):
-        self.side, self.ms, self.fail_at, self.builds, self.closed = side, ms, fail_at, 0, False
+        self.side, self.ms, self.fail_at, self.builds, self.closed, self.ended = side, ms, fail_at, 0, False, 0
 
     def wait_ready(self):
         pass
 
-    def build(self):
+    def round(self):
         self.builds += 1
         if self.builds == self.fail_at:
             raise ScenarioError("s", "broke on its build")
@@ -251,18 +295,21 @@ class _FakeWorker:
         from bench_core.timing.sampling import Sample
         return Sample(self.ms, None)
 
+    def end_round(self):
+        self.ended += 1
+
     def close(self):
         self.closed = True
 
 
-def test_worker_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_failed():
+def test_server_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_failed():
     from bench_core.timing.protocol import run_processes
 
     made, released = {}, []
 
     def spawn(side, ms, fail_at=None):
         def start(k):
-            made[(side, k)] = _FakeWorker(side, ms, fail_at if k == 1 else None)
+            made[(side, k)] = _FakeServer(side, ms, fail_at if k == 1 else None)
             return made[(side, k)]
         return start
     res = run_processes({"baseline": spawn("baseline", 2.0), "candidate": spawn("candidate", 3.0)},
@@ -270,6 +317,7 @@ def test_worker_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_fai
                         release=lambda side, k, w, ok: released.append((side, k, ok)))
     assert len(res) == 3 and all(r.round_log_ratios == pytest.approx([math.log(1.5)] * 2) for r in res)
     assert sorted(released) == sorted((s, k, True) for k in range(3) for s in ("baseline", "candidate"))
+    assert all(w.ended == w.builds == 2 for w in made.values())    # every round's instance ended with its round
     released.clear()
     with pytest.raises(SideError, match="broke on its build"):
         run_processes({"baseline": spawn("baseline", 2.0, fail_at=1), "candidate": spawn("candidate", 3.0)},
@@ -277,7 +325,7 @@ def test_worker_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_fai
                       release=lambda side, k, w, ok: released.append((side, k, ok)))
     assert sorted(released) == [("baseline", 0, True), ("baseline", 1, False), ("candidate", 0, True),
                                 ("candidate", 1, False)]
-    # without a pool every worker is ended after its pair
+    # without a pool every server is ended after its pair
     run_processes({"baseline": spawn("baseline", 2.0), "candidate": spawn("candidate", 2.0)},
                   Sampler("s", CpuBackend(), FakeClock()), processes=3, rounds=1, pairs=1)
     assert all(w.closed for w in made.values())

@@ -18,6 +18,15 @@ def start(argv: Sequence[str], **popen) -> subprocess.Popen:
     return subprocess.Popen(list(argv), **popen)
 
 
+def alive(pid: int) -> bool:
+    """`pid` runs (not a zombie): for a process not ours to reap, such as a child of a child (Linux's /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)

@@ -53,12 +53,13 @@ def comparison_lines(s) -> list[str]:
     if missing:
         lines.append(f"in the baseline but not run now: {', '.join(missing)}")
     if s.revision is not None:
-        lines.append(f"baseline = {s.revision.revision.label} ({s.revision.revision.commit[:12]}); "
+        commit = s.revision.revision.commit
+        lines.append(f"baseline = {s.revision.revision.label} ({commit[:12] if commit else 'no commit'}); "
                      f"current = {s.revision.current.describe()}; "
                      f"{s.comparisons[0].method if s.comparisons else ''}")
     if s.workers is not None and s.workers.started:
-        lines.append(f"worker mode: {len(s.workers.scenarios)} scenario(s) in {s.workers.started} "
-                     f"worker processes, kept from scenario to scenario")
+        lines.append(f"process mode: {len(s.workers.scenarios)} scenario(s) served by {s.workers.started} pytest "
+                     f"process(es), one per side and test file, kept from scenario to scenario")
     lines += [f"{name}: {note}" for name, note in s.one_side]
     lines += [f"warning: {note}" for note in s.baseline_notes]
     if s.prior is not None:

@@ -63,10 +63,34 @@ AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-
                                                     "--bench-worker-pairs", "--bench-max-rounds")
 NPROC, NNODES, NODE_RANK, RDZV = "--bench-nproc", "--bench-nnodes", "--bench-node-rank", "--bench-rdzv-endpoint"
 PB_JSON, REF_SAVE, REFS, REPLICA = "--bench-pb-json", "--bench-ref-save", "--bench-references", "--bench-replica"
+AGAINST_PROCESSES, AGAINST_PYTHON, SERVE = "--bench-against-processes", "--bench-against-python", "--bench-serve"
 PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK = ("--bench-profile", "--bench-profile-shapes",
                                                           "--bench-profile-memory", "--bench-profile-stack")
 PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE = ("--bench-profile-flops", "--bench-profile-tensorboard",
                                              "--bench-profile-refuse-sensitive")
+
+
+def _against_options() -> tuple[Option, ...]:
+    a = _against_default
+    return (
+        Option(AGAINST, "measure every scenario side by side with git revision REV in this run, and decide each",
+               str, metavar="REV"),
+        Option(ROUNDS, f"with --bench-against: rounds of fresh instances ({a('rounds')})", int),
+        Option(PAIRS, f"with --bench-against: alternated pairs per round ({a('pairs')})", int),
+        Option(WORKER_PAIRS, f"with --bench-against, for code that cannot be loaded twice into one process: pairs of "
+                             f"worker processes, the unit of evidence there ({a('processes')}; {a('quick_processes')} "
+                             f"under --bench-quick); each pair serves every such scenario in turn", int, metavar="N"),
+        Option(AGAINST_PROCESSES, "with --bench-against: every scenario's sides in pytest processes of their own, each "
+                                  "in its own tree (otherwise only where one process cannot hold both faithfully)"),
+        Option(AGAINST_PYTHON, "run the revision's side in this interpreter (another virtual environment: did the "
+                               "torch upgrade slow my model?); alone, without --bench-against, the revision is this "
+                               "tree, so the two sides differ only in their environments", str, metavar="PYTHON"),
+        Option(SERVE, "(used by --bench-against's process mode) serve test items to the process that started this "
+                      "one, over pipe descriptors R,W", str, metavar="R,W"),
+        Option(MAX_ROUNDS, "with --bench-against: a possible slowdown the first look leaves undecided runs on, a look "
+                           "every --bench-rounds rounds, up to this many (3 x --bench-rounds; equal to it: one look)",
+               int),
+    )
 
 
 def _options() -> tuple[Option, ...]:
@@ -114,16 +138,6 @@ def _options() -> tuple[Option, ...]:
                cli="--strict"),
         Option(TIMEOUT, "seconds a scenario may take, everything included; a hang fails it by name (0: no limit)",
                float, 600.0),
-        Option(AGAINST, "measure every scenario side by side with git revision REV in this run, and decide each",
-               str, metavar="REV"),
-        Option(ROUNDS, f"with --bench-against: rounds of fresh instances ({a('rounds')})", int),
-        Option(PAIRS, f"with --bench-against: alternated pairs per round ({a('pairs')})", int),
-        Option(WORKER_PAIRS, f"with --bench-against, for code that cannot be loaded twice into one process: pairs of "
-                             f"worker processes, the unit of evidence there ({a('processes')}; {a('quick_processes')} "
-                             f"under --bench-quick); each pair serves every such scenario in turn", int, metavar="N"),
-        Option(MAX_ROUNDS, "with --bench-against: a possible slowdown the first look leaves undecided runs on, a look "
-                           "every --bench-rounds rounds, up to this many (3 x --bench-rounds; equal to it: one look)",
-               int),
         Option(NPROC, "distributed scenarios: ranks on this host (default: each scenario's own, 2); under --gpu one "
                       "GPU per rank", int, metavar="N"),
         Option(NNODES, f"distributed scenarios over N hosts: run the same suite on each, with the same {RDZV}; needs "
@@ -146,7 +160,7 @@ def _options() -> tuple[Option, ...]:
         Option(PROFILE_TB, "diagnose: also write for the TensorBoard profiler plugin"),
         Option(PROFILE_REFUSE, "diagnose: refuse to write a trace holding sensitive strings, instead of redacting "
                                "them"),
-    )
+    ) + _against_options()
 
 
 OPTIONS = _options()
@@ -219,14 +233,37 @@ def profile_config(value: Values, device: str):
 
 
 def against_config(value: Values):
-    if value(AGAINST) is None:
+    if value(AGAINST) is None and value(AGAINST_PYTHON) is None:
+        if value(AGAINST_PROCESSES):
+            raise ValueError(f"{AGAINST_PROCESSES} needs {AGAINST} REV (or {AGAINST_PYTHON})")
         return None
     from bench_core.workflows.side_by_side.compare import AgainstConfig
 
     kw = {k: value(flag) for k, flag in (("rounds", ROUNDS), ("pairs", PAIRS), ("max_rounds", MAX_ROUNDS),
                                          ("processes", WORKER_PAIRS), ("quick_processes", WORKER_PAIRS),
                                          ("threshold", THRESHOLD))}
-    return AgainstConfig(value(AGAINST), **{k: v for k, v in kw.items() if v is not None})
+    python = value(AGAINST_PYTHON)
+    if python is not None:
+        import shutil
+
+        found = shutil.which(python)
+        if found is None:
+            raise ValueError(f"{AGAINST_PYTHON} {python}: no such interpreter (give the path of another "
+                             f"environment's python, e.g. ../venv-torch212/bin/python)")
+        python = str(Path(found).absolute())
+    return AgainstConfig(value(AGAINST), **{k: v for k, v in kw.items() if v is not None},
+                         processes_only=value(AGAINST_PROCESSES), python=python)
+
+
+def serve_fds(value: Values) -> tuple[int, int] | None:
+    text = value(SERVE)
+    if text is None:
+        return None
+    try:
+        r, w = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{SERVE} takes two pipe descriptors R,W; it is bench_core's own, not for use by hand") from None
+    return r, w
 
 
 def session_config(value: Values, root: Path, device: str):
@@ -243,7 +280,8 @@ def session_config(value: Values, root: Path, device: str):
         timeout_s=value(TIMEOUT) or None, strict=value(STRICT),
         markdown=Path(value(MD)) if value(MD) else None, wide=value(WIDE),
         plots=root / value(PLOTS) if value(PLOTS) else None, count_flops=value(FLOPS), peak_tflops=value(PEAK),
-        topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None)
+        topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None,
+        serve=serve_fds(value))
     for flag, folder in ((OUT, cfg.results_dir), (BASELINES, cfg.baselines_dir), (PLOTS, cfg.plots),
                          (REFS, cfg.references_dir)):
         if folder is not None and folder.exists() and not folder.is_dir():   # found now, not after the measuring

@@ -51,7 +51,11 @@ def pytest_configure(config):
             session.watch(lambda line: _progress_line(config, line))
         config.stash[_KEY] = session
         config.stash[_SIGTERM] = _terminate_as_interrupt()
-        if scfg.against is not None:
+        if scfg.serve is not None:
+            from bench_core.shells import serving
+
+            serving.start(config, session)
+        elif scfg.against is not None:
             session.open_revision(root)
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
@@ -160,6 +164,10 @@ class BenchFixture:
         from bench_core.core.errors import ScenarioError
 
         session = self._session
+        if session.serving is not None:
+            from bench_core.shells import serving
+
+            return serving.serve(session, self._request, self._sizing, scenario, fn, kwargs)
         try:
             if session.revision is not None:
                 m, c = replay.run_against(session, self._request, self._sizing, scenario, fn, kwargs)

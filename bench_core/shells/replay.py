@@ -4,8 +4,6 @@ mode), or run again as a whole by pytest in a fresh process (the stored gate's r
 request here; what pytest knows (its fixtures, its parameters, its file) is read here and nowhere else."""
 from __future__ import annotations
 
-import inspect
-import json
 import subprocess
 import sys
 import tempfile
@@ -20,8 +18,9 @@ from bench_core.workflows.side_by_side.capture import capture, instance_from
 
 def run_against(session, request, sizing, scenario, fn, kwargs):
     """Side by side with --bench-against's revision: this call's step is round 0 of the current side;
-    every other instance comes from calling the test function again (this tree's, and the revision's)."""
-    loaded, name = session.revision, scenario.name
+    every other instance comes from calling the test function again (this tree's, and the revision's), in this
+    process where both sides can share it faithfully, else each side in a pytest process of its own."""
+    loaded, name, a = session.revision, scenario.name, session.config.against
 
     def value_of(arg):
         return request.node.funcargs[arg] if arg in request.node.funcargs else request.getfixturevalue(arg)
@@ -29,30 +28,43 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     def rebuild(_round):
         return capture(request.function, value_of, sizing, "current tree", name)
 
-    theirs, why, isolate = revision_function(session, request, name)
-    if isolate:  # cannot share this process: both sides in pairs of worker processes
-        sides = worker_sides(session, request, name)
-        if sides is not None:
-            return session.run_against_workers(scenario, instance_from(fn, kwargs, scenario), sides,
-                                               items=kwargs.get("items"), proof={"why_workers": why})
-    if theirs is None:  # the revision lacks it or cannot load it: measured alone, and reported
+    live = instance_from(fn, kwargs, scenario)
+    if request.cls is not None:
+        session.not_compared(name, "measured on the current tree only: only module-level test functions are "
+                                   "compared side by side")
+        return session.run(scenario, fn, **kwargs)
+    path, function, missing = counterpart_test(loaded, request, name)
+    if missing is not None:   # the revision lacks it: measured alone, and reported
+        session.not_compared(name, f"measured on the current tree only: {missing}",
+                             new=new_here(loaded, request, name))
+        return session.run(scenario, fn, **kwargs)
+    if a.in_processes:
+        why = f"{opt.AGAINST_PYTHON} {a.python}" if a.python else opt.AGAINST_PROCESSES
+        return _in_processes(session, request, scenario, live, path, function, kwargs, f"asked for ({why})")
+    theirs, why, isolate = revision_function(session, request, name, path, function)
+    if isolate:  # cannot share this process: each side in a process of its own
+        return _in_processes(session, request, scenario, live, path, function, kwargs, why)
+    if theirs is None:
         session.not_compared(name, f"measured on the current tree only: {why}", new=new_here(loaded, request, name))
         return session.run(scenario, fn, **kwargs)
-
     unfaithful = same_code(session, request, theirs)
     if unfaithful:
-        raise ScenarioError(name, f"cannot be compared side by side in one process: {loaded.revision.label}'s side "
-                                  f"would run the current tree's code for {'; '.join(unfaithful)}, which differs in "
-                                  f"{loaded.revision.label}. Compare it against a stored baseline (--bench-compare), "
-                                  f"or keep that code out of fixtures shared by both sides")
+        return _in_processes(session, request, scenario, live, path, function, kwargs,
+                             f"in one process {loaded.revision.label}'s side would run the current tree's code for "
+                             f"{'; '.join(unfaithful)}, which differs in {loaded.revision.label}")
 
     def rev_build(_round):
         return capture(theirs, value_of, sizing, f"revision {loaded.revision.label}", name)
 
-    live = instance_from(fn, kwargs, scenario)
     return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"),
                                proof=loaded.proof(request.path, request.function, theirs),
                                clock=kwargs.get("clock"), backend=kwargs.get("backend"))
+
+
+def _in_processes(session, request, scenario, live, path, function, kwargs, why):
+    sides = process_sides(session, request, scenario.name, path, function)
+    return session.run_against_processes(scenario, live, sides, items=kwargs.get("items"),
+                                         proof={"why_processes": why})
 
 
 def new_here(loaded, request, name) -> bool:
@@ -92,20 +104,15 @@ def counterpart_test(loaded, request, name):
     return path, function, None
 
 
-def revision_function(session, request, name):
+def revision_function(session, request, name, path, function):
     """(the revision's version of this test, None, False), or (None, why there is none, whether the reason is
-    that it cannot share this process). The revision's test is the one that declares the same scenario name
-    (tests get renamed and moved), else the one with this test's file and name. A test module of the revision
-    that does not compile or import is the revision's own error: a ScenarioError with its traceback."""
+    that it cannot share this process). `path` and `function` name the revision's counterpart of the test
+    (`counterpart_test`). A test module of the revision that does not compile or import is the revision's own
+    error: a ScenarioError with its traceback."""
     from bench_core.workflows.side_by_side.revisions import RevisionError
 
     loaded = session.revision
     label = loaded.revision.label
-    if request.cls is not None:
-        return None, "only module-level test functions are compared side by side", False
-    path, function, why = counterpart_test(loaded, request, name)
-    if why is not None:
-        return None, why, False
     ops = loaded.operator_code()
     if ops:   # found before loading: a second registration must never replace the current side's kernel
         return None, (f"{', '.join(ops)} differ(s) between {label} and this tree and register(s) torch operators: "
@@ -118,48 +125,40 @@ def revision_function(session, request, name):
                                   f"{type(exc).__name__}: {exc}\n{trace}") from exc
     except Exception as exc:
         detail = str(exc) if isinstance(exc, RevisionError) else f"{type(exc).__name__}: {exc}"
-        return None, (f"{label}'s test module cannot be loaded beside the current code "
-                      f"({detail}): code that registers global names (a torch.library operator) or a "
-                      f"compiled extension cannot be loaded twice into one process"), True
+        return None, (f"{label}'s test module cannot be loaded beside the current code ({detail}): code that "
+                      f"registers global names (a torch.library operator) or a compiled extension cannot be "
+                      f"loaded twice into one process"), True
     theirs = getattr(module, function, None)
     return (theirs, None, False) if theirs is not None else (None, f"{function} does not exist in {label}", False)
 
 
-def worker_spec(request, name):
-    """The test a worker process serves to call this test again (its init is per side), or why it
-    cannot: the test takes a fixture other than its parameters, or a parameter JSON cannot carry."""
-    params = dict(getattr(getattr(request.node, "callspec", None), "params", {}))
-    needs = set(inspect.signature(request.function).parameters) - {"bench"}
-    try:
-        json.dumps(params)
-    except TypeError:
-        needs.add("a parameter JSON cannot carry")
-    if needs - set(params):
-        return None, f"worker processes cannot be given {sorted(needs - set(params))}"
-    return {"scenario": name, "function": request.function.__name__, "params": params,
-            "test_file": str(request.path)}, None
+def process_sides(session, request, name, path, function):
+    """Each side's server (see `workflows.worker`) and the test item it serves, for process mode: the current
+    tree's test in this interpreter, the revision's counterpart in the revision's tree (and in
+    --bench-against-python's interpreter, when given)."""
+    from bench_core.shells.serving import server_command
+    from bench_core.workflows.worker import import_roots, server_env
 
+    loaded, c = session.revision, session.config
+    here = Path(str(request.config.rootpath)).resolve()
+    ini = Path(str(request.config.inipath)).resolve() if request.config.inipath else None
+    trees = [str(loaded.current_root), str(loaded.root)]
 
-def worker_init(session, side, roots):
-    config = session.config
-    return {"side": side, "import_roots": roots, "device": config.device, "quick": config.quick,
-            "threads": config.threads}
-
-
-def worker_sides(session, request, name):
-    """Each side's worker init and test for --bench-against's worker mode, or None when there can be none."""
-    from bench_core.workflows.worker import import_roots
-
-    loaded = session.revision
-    spec, why = worker_spec(request, name)
-    path, function, missing = counterpart_test(loaded, request, name)
-    if spec is None or missing is not None:
-        session.not_compared(name, why or missing)
-        return None
-    return {"candidate": (worker_init(session, "candidate", import_roots(loaded.current_root, loaded.current_root)),
-                          spec),
-            "baseline": (worker_init(session, "baseline", import_roots(loaded.current_root, loaded.root)),
-                         {**spec, "test_file": str(path), "function": function})}
+    def side(label, tree, file, func, python):
+        moved = (lambda p: tree / p.relative_to(loaded.current_root)) if tree != loaded.current_root else (lambda p: p)
+        inside = (lambda p: p is not None and p.is_relative_to(loaded.current_root))
+        roots = import_roots(loaded.current_root, tree)
+        argv = server_command(python, file, moved(here) if inside(here) else tree,
+                              moved(ini) if inside(ini) else None, device=c.device, quick=c.quick,
+                              threads=c.threads, timeout_s=c.timeout_s)
+        init = {"side": label, "tree": str(tree), "python": python, "file": str(file), "roots": trees,
+                "threads": c.threads, "device": c.device, "argv": argv, "env": server_env(roots)}
+        spec = {"scenario": name, "file": str(file), "function": func,
+                "param_id": getattr(getattr(request.node, "callspec", None), "id", None)}
+        return init, spec
+    return {"candidate": side("candidate", loaded.current_root, Path(str(request.path)).resolve(),
+                              request.function.__name__, sys.executable),
+            "baseline": side("baseline", loaded.root, path, function, c.against.python or sys.executable)}
 
 
 def replicator(session, request, name):

@@ -242,35 +242,49 @@ class _Runner:
                       {k: tuple(v) for k, v in self.cold.items()}, dict(self.load_ms), seed, dict(self.scenarios))
 
 
+def run_served(servers: Mapping[str, Any], sampler: Sampler, **rounds_kw) -> Rounds:
+    """Rounds whose instances live in other processes (`servers[side]`, a `worker.Worker` serving its test): each
+    round each server makes a fresh instance (`round()`), samples are asked for (`sample()`), and the instance
+    goes when the round ends (`end_round()`). `rounds_kw` are `run_rounds`'s."""
+    def builder(side: str):
+        def build(r: int) -> Instance:
+            return Instance(fn=lambda: None, remote=servers[side].sample, scenario=servers[side].round())
+        return build
+
+    def after_round(r: int) -> None:
+        for side in SIDES:
+            on_side(side, servers[side].end_round)
+    return run_rounds({s: builder(s) for s in SIDES}, sampler, after_round=after_round, **rounds_kw)
+
+
+def with_servers(spawn: Mapping[str, Callable[[int], Any]], k: int, work: Callable[[Mapping[str, Any]], Any], *,
+                 seed: int = 0, release: Callable[[str, int, Any, bool], None] | None = None) -> Any:
+    """`work(servers)` with the k-th pair of servers: `spawn[side](k)` gives side's (started in a seeded random
+    order, then both waited for, each loading its code meanwhile). Afterwards each goes to `release(side, k,
+    server, ok)` (default: ended)."""
+    release = release or (lambda side, j, w, ok: w.close())
+    servers: dict[str, Any] = {}
+    ok = False
+    try:
+        for side in random.Random(seed + k).sample(SIDES, 2):
+            servers[side] = on_side(side, lambda: spawn[side](k))
+        for side, w in servers.items():
+            on_side(side, w.wait_ready)
+        out = work(servers)
+        ok = True
+        return out
+    finally:
+        for side, w in servers.items():
+            release(side, k, w, ok)
+
+
 def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *, processes: int, rounds: int,
                   pairs: int, seed: int = 0, release: Callable[[str, int, Any, bool], None] | None = None
                   ) -> list[Rounds]:
-    """Side by side in pairs of worker processes: `spawn[side](k)` gives side's k-th worker (a
-    `worker.Worker`, its test assigned); each pair runs `rounds` rounds of fresh instances, built and timed
-    in the workers, samples asked for alternately in a seeded random order. After its pair each worker
-    goes to `release(side, k, worker, ok)` (default: ended; a session's pool keeps the sound ones)."""
+    """Side by side in `processes` pairs of servers that keep their own bias (see `run_served`): each pair runs
+    `rounds` rounds, and is the unit of evidence."""
     if processes < 3:
         raise ValueError(f"worker mode needs at least 3 pairs of processes, got {processes}")
-    release = release or (lambda side, k, w, ok: w.close())
-    out = []
-    for k in range(processes):
-        workers: dict[str, Any] = {}
-        ok = False
-        try:
-            for side in random.Random(seed + k).sample(SIDES, 2):
-                workers[side] = on_side(side, lambda: spawn[side](k))
-            for side, w in workers.items():   # both started, each loading its code meanwhile
-                on_side(side, w.wait_ready)
-
-            def builder(side: str):
-                def build(r: int) -> Instance:
-                    declared = workers[side].build()
-                    return Instance(fn=lambda: None, remote=workers[side].sample, scenario=declared)
-                return build
-            out.append(run_rounds({s: builder(s) for s in SIDES}, sampler, rounds=rounds, pairs=pairs, seed=seed + k,
-                                  min_rounds=1))
-            ok = True
-        finally:
-            for side, w in workers.items():
-                release(side, k, w, ok)
-    return out
+    return [with_servers(spawn, k, lambda servers: run_served(servers, sampler, rounds=rounds, pairs=pairs,
+                                                              seed=seed + k, min_rounds=1), seed=seed, release=release)
+            for k in range(processes)]

@@ -1,185 +1,310 @@
-"""One side of a side-by-side comparison in a process of its own, timed on request: the fallback for code
-that cannot be loaded twice into one process (a `torch.library` operator, a compiled extension).
+"""Each side of a side-by-side comparison in a pytest process of its own, in its own tree, serving samples on
+request: process mode, for code that cannot share one process with the other side (a changed fixture, a
+`torch.library` operator, a compiled extension), or another interpreter (`--bench-against-python`).
 
-The parent starts `python -m bench_core.workflows.worker`, sends one JSON line saying where the side's code is
-(its import roots, threads, device), then commands, one JSON line each, and reads one JSON line back per
-command:
-  {"cmd": "load", "scenario": ..., "test_file": ..., "function": ..., "params": {...}}
-                      the test to serve from now on (a worker serves one scenario after another)
-  {"cmd": "build"}    call the test function again with a capturing bench: a fresh instance
-  {"cmd": "sample"}   time one sample of it with the same sample loop as everything else (`sampling`)
-  {"cmd": "quit"}     end
-Failures come back as {"error": "..."}; the worker keeps serving. Timing happens here, so the pipe never
-enters a sample. The channel is the worker's original stdout, kept for the replies alone: whatever the user's
-code prints (a model that reports its size) goes to the worker's log, never into the channel.
+A side's server is `python -m pytest FILE --bench-serve=R,W` started in that side's tree: pytest collects the
+side's own tests with its own conftest files, fixtures, parameters and plugins. The channel is a pair of pipes
+(file descriptors R and W), never stdout, so whatever the user's code prints goes to the server's log. One JSON
+line goes each way per step:
+
+  parent -> server                     server -> parent
+  (first line) init                    {"ready": pid}                   after collection
+  {"cmd": "item", file, function,      {"serving": scenario, pid,      the item runs (fixtures, then the test) up
+   param_id, scenario}                  files: {path: sha256}}          to its bench.run for that scenario
+  {"cmd": "round"}                     {"built": scenario_doc, pid}    a fresh instance (see below)
+  {"cmd": "sample"}                    {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`
+  {"cmd": "end"}                       {"ended": status}               the round's instance goes
+  {"cmd": "done"}                      {"item_done": ..., "served"}    bench.run returns; the item ends
+  {"cmd": "quit"}                      -                               the server ends
+
+A round's fresh instance is built in a child forked from the server (`fork`), where the server may fork: the child
+first lays out a heap of a random shape, then calls the test again. Forked children are cheap (the server has
+imported torch and the side's code once), and measured to carry a fresh bias each, where the same process
+rebuilding its instance keeps its own (`quality/fork_bias.py`, docs/side-by-side.md): a round in a forked child is
+then a unit of evidence as a round in one process is. The server runs one torch thread until it forks (a child of
+a process that ran OpenMP on more threads hangs), and the child takes the session's count. A server that has
+initialized CUDA cannot fork; it builds each round's instance itself, and its process is then the unit.
+Failures come back as {"error": "..."}.
 """
 from __future__ import annotations
 
-import importlib.util
+import ctypes
 import json
 import os
+import random
 import select
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from bench_core.core.errors import ScenarioError
 from bench_core.files import children
 
 
-def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
-    from bench_core.timing.backends import backend_for
-    from bench_core.timing.counts import Sizing
-    from bench_core.workflows.side_by_side.capture import capture
-    from bench_core.timing.sampling import Sampler, set_threads
+class Channel:
+    """One JSON line each way over a pair of pipe ends."""
+
+    def __init__(self, rfd: int, wfd: int):
+        self.r, self.w = os.fdopen(rfd, "r"), os.fdopen(wfd, "w", buffering=1)
+
+    def recv(self) -> dict | None:
+        line = self.r.readline()
+        return json.loads(line) if line else None
+
+    def send(self, doc: Mapping[str, Any]) -> None:
+        self.w.write(json.dumps(doc) + "\n")
+        self.w.flush()
+
+
+# --- the server's side: runs inside the side's pytest process ---------------------------------------------------
+
+class ServeState:
+    """A server's state: its channel, what the parent said about it, and the item under way."""
+
+    def __init__(self, fds: tuple[int, int]):
+        self.channel = Channel(*fds)
+        init = self.channel.recv() or {}
+        self.side, self.threads = init.get("side", "side"), init.get("threads")
+        self.roots: list[str] = list(init.get("roots", []))
+        self.requested: str | None = None   # the scenario the item under way is to serve
+        self.served = False
+        self.failure: str | None = None     # the item's own failure, when it had one
+
+        self.ended_by: str | None = None    # how serving the item's scenario ended: "done", "quit", "failed"
+
+    def begin(self, scenario: str) -> None:
+        self.requested, self.served, self.failure, self.ended_by = scenario, False, None, None
+
+
+_KEEP: list = []   # a forked child's scattered heap, alive until the child ends
+
+
+def _scatter_heap(rng: random.Random) -> None:
+    """Blocks of random sizes and number, never freed, before the child builds: where its instance lands is drawn
+    afresh, instead of inherited from the server (which alone left a 24-48% bias on memory-bound work)."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    _KEEP.extend(libc.malloc(rng.randint(1, 64) << rng.randint(4, 16)) for _ in range(rng.randint(1, 64)))
+    import torch
+
+    _KEEP.append(torch.empty(rng.randint(0, 1 << 22), dtype=torch.uint8))
+
+
+def _die_with_parent() -> None:
+    """A forked child ends with its server, even one killed by SIGKILL (Linux; elsewhere the closed pipe ends it)."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (AttributeError, OSError):
+        pass
+
+
+def can_fork(device: str) -> bool:
+    if not hasattr(os, "fork") or device == "cuda":
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
+def serve_scenario(channel: Channel, name: str, build: Callable[[], Any], sampler, *, fork: bool,
+                   threads: int | None, files: Mapping[str, str | None], warm: Callable[[], Any] | None = None) -> str:
+    """Serve scenario `name` until the parent says "done" (or "quit", or is gone: returned): each "round" a fresh
+    instance from `build()` (a capture of the test, see `side_by_side.capture`), in a forked child where `fork`.
+    `warm()` runs first, untimed, in the server itself ("failed" is returned, and said, if it raises)."""
+    from bench_core.timing.sampling import set_threads
+
+    if warm is not None:
+        try:
+            sampler.call("the server's warming call", warm)
+        except ScenarioError as exc:
+            channel.send({"error": exc.problem})
+            return "failed"
+    channel.send({"serving": name, "pid": os.getpid(), "fork": fork, "files": dict(files)})
+    while True:
+        doc = channel.recv()
+        cmd = None if doc is None else doc.get("cmd")
+        if cmd in (None, "done", "quit"):
+            return cmd or "quit"
+        if cmd != "round":
+            channel.send({"error": f"{cmd!r} outside a round"})
+            continue
+        if not fork:
+            if _serve_round(channel, build, sampler) == "quit":
+                return "quit"
+            channel.send({"ended": 0})
+            continue
+        pid = os.fork()
+        if pid == 0:   # the child: never returns into pytest
+            code = 0
+            try:
+                _die_with_parent()
+                _scatter_heap(random.Random(int.from_bytes(os.urandom(8), "little")))
+                set_threads(threads)
+                code = _QUIT_STATUS if _serve_round(channel, build, sampler) == "quit" else 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _QUIT_STATUS:   # the child took the parent's "quit"
+            return "quit"
+        channel.send({"ended": status})
+
+
+_QUIT_STATUS = 75   # a round's child ending on the parent's "quit": the server ends too
+
+
+def _serve_round(channel: Channel, build: Callable[[], Any], sampler) -> str:
+    """One round's instance, sampled until another command than "sample" comes (returned; "quit" when the parent
+    is gone)."""
     from bench_core.files.storage import scenario_doc
 
-    init = json.loads(stdin.readline())
-    sys.path[:0] = [str(p) for p in init["import_roots"]]
-    set_threads(init.get("threads"))
-    side, sizing = init["side"], Sizing(init["device"], init["quick"])
-    modules: dict[str, Any] = {}    # test files loaded so far: a module is executed once per process
-    test = name = sampler = inst = None
-    params: Mapping[str, Any] = {}
-
-    def load(doc):
-        nonlocal test, name, sampler, params, inst
-        path = doc["test_file"]
-        if path not in modules:
-            spec = importlib.util.spec_from_file_location(f"_bench_worker_test{len(modules)}", path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-            modules[path] = module
-        inst = None
-        test, name, params = getattr(modules[path], doc["function"]), doc["scenario"], doc["params"]
-        sampler = Sampler(name, backend_for(init["device"]))
-
-    def value_of(arg):
-        if arg not in params:
-            raise KeyError(f"a worker is given only the test's parameters, not the fixture {arg!r}")
-        return params[arg]
-
-    def reply(doc):
-        stdout.write(json.dumps(doc) + "\n")
-        stdout.flush()
-
-    reply({"ready": os.getpid()})
-    for line in stdin:
-        doc = json.loads(line)
-        cmd = doc.get("cmd")
+    try:
+        inst = build()
+    except ScenarioError as exc:
+        channel.send({"error": exc.problem})
+        return "end"
+    channel.send({"built": None if inst.scenario is None else scenario_doc(inst.scenario), "pid": os.getpid()})
+    if inst.clock is not None:   # the clock the test asked for (a test's fake), as in one process
+        sampler = type(sampler)(sampler.scenario, sampler.backend, inst.clock)
+    while True:
+        doc = channel.recv()
+        cmd = "quit" if doc is None else doc.get("cmd")
+        if cmd != "sample":
+            return cmd
         try:
-            if cmd == "quit":
-                break
-            if cmd == "load":
-                load(doc)
-                from bench_core.workflows.side_by_side.revisions import file_sha256
-
-                ran = modules[doc["test_file"]].__file__
-                reply({"ok": True, "test_file": ran, "test_file_sha256": file_sha256(ran), "pid": os.getpid()})
-            elif test is None and cmd in ("build", "sample"):
-                reply({"error": f"{cmd!r} before any test was loaded"})
-            elif cmd == "build":
-                inst = None  # the old instance goes before the new one allocates
-                inst = capture(test, value_of, sizing, side, name)
-                reply({"ok": True, "scenario": None if inst.scenario is None else scenario_doc(inst.scenario)})
-            elif cmd == "sample":
-                if inst.setup is not None:
-                    sampler.call("setup", inst.setup)
-                s = sampler.sample(inst.fn, inst.block_size)
-                reply({"host_ms": s.host_ms, "gpu_ms": s.gpu_ms})
-            else:
-                reply({"error": f"unknown command {cmd!r}"})
+            if inst.setup is not None:
+                sampler.call("setup", inst.setup)
+            s = sampler.sample(inst.fn, inst.block_size)
+            channel.send({"host_ms": s.host_ms, "gpu_ms": s.gpu_ms})
         except ScenarioError as exc:
-            reply({"error": exc.problem})
+            channel.send({"error": exc.problem})
 
 
-QUIT_GRACE_S = 10.0   # a worker's interpreter takes about a second to end
+def loaded_files(roots: list[str]) -> dict[str, str | None]:
+    """The modules this process loaded from inside `roots` (the trees of both sides): path -> sha256."""
+    from bench_core.workflows.side_by_side.revisions import file_sha256
+
+    inside = [Path(r).resolve() for r in roots]
+    out = {}
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if f and any(Path(f).resolve().is_relative_to(r) for r in inside):
+            out[str(Path(f).resolve())] = file_sha256(Path(f))
+    return dict(sorted(out.items()))
+
+
+# --- the parent's side ------------------------------------------------------------------------------------------
+
+QUIT_GRACE_S = 10.0   # a server's interpreter takes about a second to end
+LOG_LINES = 12        # of a server's log in an error: enough for the revision's own traceback
 
 
 class Worker:
-    """The parent's handle on a worker process; ended with `close()` (or its context), by its own pid."""
+    """The parent's handle on one side's server; ended with `close()` (or its context), by its own pid, with the
+    child of the round under way, if any.
 
-    def __init__(self, init: Mapping[str, Any], timeout_s: float = 600.0, spec: Mapping[str, Any] | None = None):
+    `init`: {"side", "tree", "python", "file", "argv", "env", "roots", "threads", "device"} (see `server_command`)."""
+
+    def __init__(self, init: Mapping[str, Any], timeout_s: float = 600.0):
         self.init, self.side, self.timeout_s = dict(init), init["side"], timeout_s
-        self._started, self._spec, self._loaded = False, None, None
-        self.ran: dict = {}           # what the worker says it loaded for its test: file, sha256, its pid
-        self.scenario = "worker"      # named by the scenario it serves, once one is assigned
-        if spec is not None:
-            self.assign(spec)
-        # the parent's pid on the command line: a worker whose parent is gone is an orphan, findable by anyone
-        self.log = tempfile.TemporaryFile()   # what the worker's code prints: a file, never a pipe that fills up
-        self.proc = children.start([sys.executable, "-m", "bench_core.workflows.worker", "--parent", str(os.getpid())],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                   bufsize=1)
-        self._write(init)   # it imports and loads while the parent starts the other side's worker
-
-    def wait_ready(self) -> None:
-        """Ready to serve: started, and the assigned test loaded."""
-        # importing torch on a loaded runner takes seconds: a slow start is not a hang, so the start gets at
-        # least STARTUP_S whatever the per-command limit
-        if not self._started:
-            self._read(expect="ready", timeout_s=max(self.timeout_s, children.STARTUP_S))
-            self._started = True
-        if self._spec is not None and self._spec != self._loaded:
-            out = self._send({"cmd": "load", **self._spec}, expect="ok")
-            self._loaded = self._spec
-            self.ran = {k: out[k] for k in ("test_file", "test_file_sha256", "pid")}
-
-    def assign(self, spec: Mapping[str, Any]) -> None:
-        """The test to serve next: {"scenario", "test_file", "function", "params"}; loaded by `wait_ready`,
-        so a pair of workers starts (or loads) side by side."""
-        self._spec, self.scenario = dict(spec), spec["scenario"]
+        self.scenario, self.ran, self.child = "server", {}, None
+        self._started, self._spec, self.key, self.environment = False, None, None, {}
+        self.log = tempfile.TemporaryFile()   # what the server's code prints: a file, never a pipe that fills up
+        to_child, from_parent = os.pipe()
+        to_parent, from_child = os.pipe()
+        argv = list(init["argv"]) + [f"--bench-serve={to_child},{from_child}"]
+        try:
+            self.proc = children.start(argv, cwd=init["tree"], env=init.get("env"), stdin=subprocess.DEVNULL,
+                                       stdout=self.log, stderr=subprocess.STDOUT, pass_fds=(to_child, from_child))
+        finally:
+            os.close(to_child)
+            os.close(from_child)
+        self.channel = Channel(to_parent, from_parent)
+        self._write({k: init[k] for k in ("side", "threads", "device", "roots")})
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def _send(self, doc: Mapping[str, Any], expect: str | None = None) -> dict:
+    def assign(self, spec: Mapping[str, Any]) -> None:
+        """The test item to serve next ({"scenario", "file", "function", "param_id"}), started by `wait_ready`, so
+        both sides of a pair start (and set up their items) side by side."""
+        self._spec, self.scenario = dict(spec), spec["scenario"]
+
+    def wait_ready(self) -> None:
+        """Started, and the assigned item run up to its bench.run; `ran` keeps what the server loaded."""
+        # importing torch and collecting on a loaded runner takes seconds: a slow start is not a hang
+        if not self._started:
+            out = self._read("ready", timeout_s=max(self.timeout_s, children.STARTUP_S))
+            self.environment = {k: out.get(k) for k in ("python", "torch")}
+            self._started = True
+        if self._spec is not None:
+            spec, self._spec = self._spec, None
+            out = self._send({"cmd": "item", **spec}, "serving")
+            self.ran = {"pid": out["pid"], "forked_rounds": out["fork"], "files": out["files"],
+                        "interpreter": self.init["python"], **self.environment, "tree": self.init["tree"]}
+
+    def round(self):
+        """A fresh instance for a round; returns the scenario record it declared (or None)."""
+        from bench_core.files.storage import scenario_from_doc
+
+        out = self._send({"cmd": "round"}, "built")
+        self.child = out["pid"] if out["pid"] != self.proc.pid else None
+        return scenario_from_doc(out["built"]) if out.get("built") else None
+
+    def sample(self):
+        from bench_core.timing.sampling import Sample
+
+        out = self._send({"cmd": "sample"}, "host_ms")
+        return Sample(out["host_ms"], out["gpu_ms"])
+
+    def end_round(self) -> None:
+        out = self._send({"cmd": "end"}, "ended")
+        self.child = None
+        if out["ended"]:
+            raise ScenarioError(self.scenario, f"the {self.side}'s round process ended with status {out['ended']}")
+
+    def done(self) -> None:
+        out = self._send({"cmd": "done"}, "item_done")
+        if not out.get("served", True):
+            raise ScenarioError(self.scenario, out.get("error", "the item ended early"))
+
+    def _send(self, doc: Mapping[str, Any], expect: str) -> dict:
         self._write(doc)
         return self._read(expect)
 
     def _write(self, doc: Mapping[str, Any]) -> None:
         try:
-            self.proc.stdin.write(json.dumps(doc) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+            self.channel.send(doc)
+        except (BrokenPipeError, OSError, ValueError):
             pass  # the read that follows says why
 
-    def _read(self, expect: str | None = None, timeout_s: float | None = None) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s or self.timeout_s)
-        line = self.proc.stdout.readline() if ready else ""
+    def _read(self, expect: str, timeout_s: float | None = None) -> dict:
+        ready, _, _ = select.select([self.channel.r], [], [], timeout_s or self.timeout_s)
+        line = self.channel.r.readline() if ready else ""
         if not line:
             why = "did not answer in time" if not ready else "ended"
-            self._kill()                      # a hung or broken worker gets no polite goodbye
+            self._kill()                      # a hung or broken server gets no polite goodbye
             err = self.log_tail()
             self.close()
-            raise ScenarioError(self.scenario, f"the {self.side}'s worker process {why}: "
-                                               f"{' / '.join(err) or 'no output'}")
+            raise ScenarioError(self.scenario, f"the {self.side}'s process ({self._where()}) {why}:\n"
+                                               f"{chr(10).join(err) or 'no output'}")
         out = json.loads(line)
         if "error" in out:
-            raise ScenarioError(self.scenario, out["error"])
-        if expect and expect not in out:
-            raise ScenarioError(self.scenario, f"the {self.side}'s worker answered {out!r}")
+            raise ScenarioError(self.scenario, f"{self.side}: {out['error']}")
+        if expect not in out:
+            if "ended" in out:
+                raise ScenarioError(self.scenario, f"the {self.side}'s round process ended (status {out['ended']}) "
+                                                   f"before answering: {' / '.join(self.log_tail(3))}")
+            raise ScenarioError(self.scenario, f"the {self.side}'s process answered {out!r}")
         return out
 
-    def build(self):
-        """A fresh instance in the worker; returns the scenario record it declared (or None)."""
-        from bench_core.files.storage import scenario_from_doc
+    def _where(self) -> str:
+        return f"pytest {Path(self.init['file']).name} in {self.init['tree']}"
 
-        out = self._send({"cmd": "build"})
-        return scenario_from_doc(out["scenario"]) if out.get("scenario") else None
-
-    def sample(self):
-        from bench_core.timing.sampling import Sample
-
-        out = self._send({"cmd": "sample"})
-        return Sample(out["host_ms"], out["gpu_ms"])
-
-    def log_tail(self, lines: int = 3) -> list[str]:
-        """The last lines the worker printed (its tracebacks, its code's own prints)."""
+    def log_tail(self, lines: int = LOG_LINES) -> list[str]:
+        """The last lines the server printed (pytest's report, tracebacks, its code's own prints)."""
         try:
             self.log.seek(0)
             return self.log.read().decode(errors="replace").strip().splitlines()[-lines:]
@@ -187,19 +312,17 @@ class Worker:
             return []
 
     def _kill(self) -> None:
-        children.end(self.proc, grace_s=0.0)
+        children.end(self.proc, others=[self.child] if self.child else [], still_ours=children.alive, grace_s=0.0)
 
     def ask_to_quit(self) -> None:
         if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self.proc.stdin.flush()
-            except (OSError, ValueError):
-                pass    # already going; close() waits or kills
+            self._write({"cmd": "quit"})
 
     def close(self) -> None:
-        children.end(self.proc, ask=self.ask_to_quit, grace_s=QUIT_GRACE_S)
-        for stream in (self.proc.stdin, self.proc.stdout, self.log):
+        children.end(self.proc, others=[self.child] if self.child else [], still_ours=children.alive,
+                     ask=self.ask_to_quit, grace_s=QUIT_GRACE_S)
+        self.child = None
+        for stream in (self.channel.r, self.channel.w, self.log):
             if not stream.closed:
                 stream.close()
 
@@ -211,37 +334,38 @@ class Worker:
 
 
 class WorkerPool:
-    """Worker processes kept for a whole session, slot by slot ((side, k) -> Worker): a pair of processes
-    serves one scenario after another, because starting one (importing torch) costs seconds and sampling
-    a scenario in it well under one (docs/side-by-side.md has the cost of each). A worker that failed is ended
-    and its slot started afresh; `close()` ends every one, by its own pid."""
+    """Side servers kept for a whole session, slot by slot: a server serves one scenario of its test file after
+    another, because starting one (importing torch, collecting) costs seconds and serving a scenario less. A server
+    that failed is ended and its slot started afresh; `close()` ends every one, by its own pid."""
 
     def __init__(self, timeout_s: float = 600.0):
         self.timeout_s = timeout_s
-        self._slots: dict[tuple[str, int], Worker] = {}
-        self.started, self.scenarios = 0, set()     # what the session's worker mode cost, for its report
+        self._slots: dict[tuple, Worker] = {}
+        self.started, self.scenarios = 0, set()     # what the session's process mode cost, for its report
 
     def get(self, side: str, k: int, init: Mapping[str, Any], spec: Mapping[str, Any]) -> Worker:
-        """Slot (side, k)'s worker for `init`, assigned `spec` (a slot with none, a dead one or one for other
-        roots is started afresh); the caller's `wait_ready` loads it, so both sides of a pair go together."""
-        w = self._slots.get((side, k))
-        if w is not None and (not w.alive or w.init != dict(init)):
-            self.discard(side, k)
+        """Slot (side, k)'s server for `init` (one with other settings, or a dead one, is replaced), to serve
+        `spec`; the caller's `serve` starts the item, so both sides of a pair start together."""
+        key = (side, k, json.dumps({n: v for n, v in init.items() if n != "env"}, sort_keys=True, default=str))
+        w = self._slots.get(key)
+        if w is not None and not w.alive:
+            self.discard(key)
             w = None
         if w is None:
-            w = self._slots[(side, k)] = Worker(init, timeout_s=self.timeout_s)
+            w = self._slots[key] = Worker(init, timeout_s=self.timeout_s)
             self.started += 1
+        w.key = key
         w.assign(spec)
         self.scenarios.add(spec["scenario"])
         return w
 
-    def release(self, side: str, k: int, worker: Worker, ok: bool) -> None:
+    def release(self, worker: Worker, ok: bool) -> None:
         """After a pair's work: kept for the next scenario, or ended if anything went wrong in the pair."""
         if not ok:
-            self.discard(side, k)
+            self.discard(worker.key)
 
-    def discard(self, side: str, k: int) -> None:
-        w = self._slots.pop((side, k), None)
+    def discard(self, key) -> None:
+        w = self._slots.pop(key, None)
         if w is not None:
             w.close()
 
@@ -249,20 +373,24 @@ class WorkerPool:
         return [w.proc.pid for w in self._slots.values() if w.alive]
 
     def close(self) -> None:
-        for w in self._slots.values():   # all asked first: a worker's interpreter takes about a second to end
+        for w in self._slots.values():   # all asked first: an interpreter takes about a second to end
             w.ask_to_quit()
-        for side, k in list(self._slots):
-            self.discard(side, k)
+        for key in list(self._slots):
+            self.discard(key)
+
+
+def server_env(roots: list[str]) -> dict[str, str]:
+    """The server's environment: its tree's import roots first, so the project's modules come from that tree even
+    where the project is installed (editable) from the current one."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(roots + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    for name in ("PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST"):   # the session's own, not the side's
+        env.pop(name, None)
+    return env
 
 
 def import_roots(current_root: Path, side_root: Path, sys_path=None) -> list[str]:
-    """The import roots a side's worker needs: its tree's counterparts of this process's roots in the repo."""
+    """The import roots a side's server needs: its tree's counterparts of this process's roots in the repo."""
     from bench_core.workflows.side_by_side.revisions import search_roots
 
     return [str(p) for p in search_roots(current_root, side_root, sys_path)]
-
-
-if __name__ == "__main__":
-    channel = os.fdopen(os.dup(1), "w", buffering=1)   # the replies' own copy of stdout
-    os.dup2(2, 1)                                      # prints by the code under test go to the log
-    serve(stdout=channel)

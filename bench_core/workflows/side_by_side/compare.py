@@ -15,7 +15,7 @@ from bench_core.deciding.rounds import estimate_rounds
 from bench_core.deciding.sequential import planned_looks, possible_slowdown
 from bench_core.timing.backends import CpuBackend, backend_for
 from bench_core.timing.counts import QUICK
-from bench_core.timing.protocol import SideError, run_processes, run_rounds
+from bench_core.timing.protocol import SideError, run_processes, run_rounds, run_served, with_servers
 from bench_core.timing.sampling import Sampler, set_threads
 
 
@@ -31,7 +31,7 @@ class AgainstConfig:
     over the looks, so more rounds are spent only where they are needed.
     """
 
-    rev: str
+    rev: str | None          # None: this tree, compared in another interpreter (`python`)
     rounds: int = 12         # 12 x (1 first call + 4 pairs) x 2 sides = 120 calls at the first look
     pairs: int = 4
     warmup: int = 0          # the first call of each instance (kept apart) already warms it
@@ -41,6 +41,8 @@ class AgainstConfig:
     processes: int = 6       # worker mode: pairs of processes (the unit of evidence there), the session's pool
     quick_processes: int = QUICK.worker_pairs   # the same under --bench-quick (--bench-worker-pairs sets both)
     process_rounds: int = 2  # worker mode: rounds of fresh instances in each pair
+    processes_only: bool = False   # every scenario in process mode, not only where one process cannot hold both
+    python: str | None = None      # the revision's side in this interpreter (another environment)
 
     def __post_init__(self):
         if self.rounds < 3 or self.pairs < 1:
@@ -55,6 +57,15 @@ class AgainstConfig:
         if self.max_rounds < self.rounds:
             raise ValueError(f"--bench-max-rounds ({self.max_rounds}) must be at least --bench-rounds "
                              f"({self.rounds}); equal to it turns the later looks off")
+
+    @property
+    def in_processes(self) -> bool:
+        return self.processes_only or self.python is not None
+
+    @property
+    def label(self) -> str:
+        where = f" under {self.python}" if self.python else ""
+        return f"{self.rev or 'this tree'}{where}"
 
     def looks(self, quick: bool = False) -> tuple[int, ...]:
         """The numbers of rounds at which a scenario may be decided."""
@@ -108,32 +119,80 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
                                                          f"process", items, proof, clock, backend, looks)
 
 
-def run_against_workers(session, scenario: Scenario, live, sides: Mapping[str, tuple[Mapping, Mapping]], *,
-                        items: int | None = None, proof: Mapping[str, Any] | None = None
-                        ) -> tuple[Measurement, Comparison | None]:
-    """The same in pairs of worker processes, one per side (`sides[side]`: the worker's init and the
-    test it serves, see `workflows.worker`), for code that cannot be loaded twice into one process. Each
-    process keeps a bias of its own, so the pair of processes is the unit of evidence: the interval is wider,
-    and says so. The pairs are the session's pool, kept from scenario to scenario. The current side's
-    result is a plain measurement of `live`, here."""
+def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str, tuple[Mapping, Mapping]], *,
+                          items: int | None = None, proof: Mapping[str, Any] | None = None
+                          ) -> tuple[Measurement, Comparison | None]:
+    """The same with each side in a pytest process of its own (`sides[side]`: its server's init and the test item
+    it serves, see `workflows.worker`). Where the servers can fork, every round's instances live in freshly forked
+    children, a fresh bias each, so a round stays the unit of evidence and the looks are those of one process.
+    Where they cannot (CUDA), each process keeps a bias of its own, so the pair of processes is the unit: more
+    pairs, a wider interval, and the method says so. Servers are the session's pool, kept from scenario to
+    scenario of one test file. The current side's result is its own samples, or a plain measurement of `live`."""
+    from bench_core.workflows.worker import can_fork
+
     a, quick = session.config.against, session.config.quick
-    k, rounds = (a.quick_processes, 1) if quick else (a.processes, a.process_rounds)
-    pairs = QUICK.pairs if quick else a.pairs
     pool = worker_pool(session)
     proof = dict(proof or {})
-    ran = proof["workers_ran"] = {side: [] for side in sides}    # each worker's own word on what it loaded
+    ran = proof["processes_ran"] = {side: [] for side in sides}    # each server's own word on what it loaded
+    pairs = QUICK.pairs if quick else a.pairs
+    sampler = Sampler(scenario.name, CpuBackend())
+    spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
 
     def release(side, j, worker, ok):
         ran[side].append(worker.ran)
-        pool.release(side, j, worker, ok)
+        if ok:
+            try:
+                worker.done()
+            except ScenarioError:
+                ok = False
+        pool.release(worker, ok)
 
-    def run(go_on):
-        spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
-        return run_processes(spawn, Sampler(scenario.name, CpuBackend()), processes=k, rounds=rounds, pairs=pairs,
-                             seed=a.seed, release=release)
-    return _side_by_side(session, scenario, live, run, f"{k} pairs of worker processes x {rounds} rounds x "
-                                                       f"{pairs} pairs (the code cannot be loaded twice into one "
-                                                       f"process)", items, proof, None, None)
+    if can_fork(session.config.device):
+        looks = a.looks(quick)
+        # the servers warm up before they fork, so a child's first call is not a cold start: that is observed here,
+        # on this process's own instance of the current side, as a plain run observes it
+        first = Sampler(scenario.name, backend_for(session.config.device))
+        with session.limited(scenario):
+            if live.setup is not None:
+                first.call("setup before the first call", live.setup)
+            cold = first.sample(live.fn, what="the first call (cold start)")
+
+        def run(go_on):
+            res = with_servers(spawn, 0, lambda servers: run_served(
+                servers, sampler, rounds=looks[0], pairs=pairs, warmup=a.warmup, seed=a.seed, extend_to=looks[1:],
+                go_on=go_on), seed=a.seed, release=release)
+            _check_processes(scenario.name, ran, session.revision)
+            return res
+        how = (f"{looks[0]} rounds" if len(looks) == 1 else
+               f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown")
+        return _side_by_side(session, scenario, live, run, f"{how} x {pairs} pairs, each side a pytest process "
+                                                           f"of its own, every round in freshly forked children",
+                             items, proof, None, None, looks, cold=cold)
+    k, rounds = (a.quick_processes, 1) if quick else (a.processes, a.process_rounds)
+
+    def run_pairs(go_on):
+        res = run_processes(spawn, sampler, processes=k, rounds=rounds, pairs=pairs, seed=a.seed, release=release)
+        _check_processes(scenario.name, ran, session.revision)
+        return res
+    return _side_by_side(session, scenario, live, run_pairs, f"{k} pairs of pytest processes x {rounds} rounds x "
+                                                             f"{pairs} pairs (processes that cannot fork: a "
+                                                             f"process is the unit)", items, proof, None, None)
+
+
+def _check_processes(name: str, ran: Mapping[str, list], loaded) -> None:
+    """Each side ran its own code: no file of the other tree that differs from its own counterpart was loaded by
+    a side's process (a project installed from the current tree, say). Fails naming the file."""
+    from bench_core.workflows.side_by_side.fidelity import crossed
+
+    trees = {"candidate": (loaded.current_root, loaded.root), "baseline": (loaded.root, loaded.current_root)}
+    for side, reports in ran.items():
+        own, other = trees[side]
+        for report in reports:
+            wrong = crossed(report.get("files", {}), own, other)
+            if wrong:
+                raise ScenarioError(name, f"the {side}'s process loaded {', '.join(wrong)} from the other side's "
+                                          f"tree, where it differs: it did not run its own code (is the project "
+                                          f"installed from one tree? its import roots come first on PYTHONPATH)")
 
 
 @dataclass(frozen=True)
@@ -162,11 +221,12 @@ class _Judge:
         return possible_slowdown(self(res, "cuda_event" if self.device == "cuda" else "host"), self.gate.chase_p)
 
 
-def _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks=()):
+def _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks=(), cold=None):
     a, dev = session.config.against, session.config.device
     scenario = scenario.with_metadata(device=dev)
     threads = set_threads(session.config.threads)
-    rev = f"{a.rev} ({session.revision.revision.commit[:12]})"
+    commit = session.revision.revision.commit
+    rev = f"{a.label} ({commit[:12] if commit else 'no commit'})"
     thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
     judge = _Judge(scenario, dev, thr, replace(session.config.gate, threshold=thr), session.family_size, tuple(looks))
     try:
@@ -182,7 +242,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
         with session.limited(scenario):
             m = session.measure(scenario, live.fn, setup=live.setup, items=items, clock=clock, backend=backend)
     else:
-        m = _current_side(session, scenario, live, res, items, threads)
+        m = _current_side(session, scenario, live, res, items, threads, cold)
     session.results.append(m)
     if res is None:
         return m, None
@@ -196,10 +256,11 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
     return m, c
 
 
-def _current_side(session, scenario, live, res, items, threads) -> Measurement:
-    """The current side's result, from its own samples in the rounds."""
+def _current_side(session, scenario, live, res, items, threads, cold=None) -> Measurement:
+    """The current side's result, from its own samples in the rounds; its cold start, round 0's first call unless
+    observed apart (`cold`)."""
     cur = [x for r in res.candidate for x in r]
-    cold = res.cold["candidate"][0]
+    cold = cold or res.cold["candidate"][0]
     dev = session.config.device
     return Measurement(scenario=scenario, device=dev, mode="per_call" if live.block_size == 1 else "block",
                        block_size=live.block_size, warmup=session.config.against.warmup, repeats=len(cur),

@@ -113,3 +113,18 @@ def borrowed(module: ModuleType, current_root: Path, rev_root: Path) -> list[str
     used = project_files([module], [current_root, rev_root], by_source=False)
     root = current_root.resolve()
     return differing({f for f in used if f.is_relative_to(root)}, current_root, rev_root)
+
+
+def crossed(files: dict[str, str | None], own: Path, other: Path) -> list[str]:
+    """Of the files a side's process loaded (path -> sha256), those inside the other side's tree whose content
+    differs from the same file in its own tree: code it borrowed and should not have."""
+    out = []
+    for path, sha in files.items():
+        p = Path(path)
+        if p.is_relative_to(ENGINE):
+            continue
+        if p.is_relative_to(Path(other).resolve()) and not p.is_relative_to(Path(own).resolve()):
+            mine = Path(own).resolve() / p.relative_to(Path(other).resolve())
+            if not mine.exists() or file_sha256(mine) != sha:
+                out.append(str(p.relative_to(Path(other).resolve())))
+    return sorted(out)

@@ -359,15 +359,19 @@ def file_sha256(path: Path) -> str | None:
 class LoadedRevision:
     """A revision extracted into a temporary folder and importable beside the current code."""
 
-    def __init__(self, current_root: Path, rev: str, sys_path: Iterable[str] | None = None):
+    def __init__(self, current_root: Path, rev: str | None, sys_path: Iterable[str] | None = None):
         self.current_root = repo_root(Path(current_root))
-        self.revision = resolve(self.current_root, rev)
         self.current = working_tree(self.current_root)
-        self._tmp = tempfile.TemporaryDirectory(prefix="bench_core-rev-")
-        self.root = snapshot(self.current_root, self.revision, Path(self._tmp.name))
-        self._sys_path = sys_path
         self._declared: dict[str, list[tuple[Path, str]]] | None = None
         self._operator_code: list[str] | None = None
+        self._sys_path = sys_path
+        if rev is None:   # this tree itself, to be run in another interpreter: nothing to extract or load here
+            self.revision, self.root, self._tmp, self.importer = self.current, self.current_root, None, None
+            self._operator_code = []
+            return
+        self.revision = resolve(self.current_root, rev)
+        self._tmp = tempfile.TemporaryDirectory(prefix="bench_core-rev-")
+        self.root = snapshot(self.current_root, self.revision, Path(self._tmp.name))
         self.importer = RevisionImporter(self.root, search_roots(self.current_root, self.root, sys_path),
                                          self.revision.commit[:12]).install()
 
@@ -434,5 +438,7 @@ class LoadedRevision:
                 if n.startswith(prefix) and getattr(m, "__file__", None)}
 
     def close(self) -> None:
-        self.importer.uninstall()
-        self._tmp.cleanup()
+        if self.importer is not None:
+            self.importer.uninstall()
+        if self._tmp is not None:
+            self._tmp.cleanup()

@@ -1,0 +1,124 @@
+"""A side's server in --bench-against's process mode (`--bench-serve`): this pytest process runs the test items
+its parent asks for, each up to its bench.run, and serves that scenario's rounds over the channel
+(`workflows.worker` has the protocol). Registered as a plugin only in a server; what pytest knows is read here."""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench_core.shells import options as opt
+from bench_core.workflows.side_by_side.capture import capture
+
+
+def start(config, session) -> None:
+    """This process becomes a server: one torch thread until a round forks (a child of a process that ran OpenMP
+    on more threads hangs), the channel opened, these hooks registered."""
+    from bench_core.timing.sampling import set_threads
+    from bench_core.workflows.worker import ServeState
+
+    set_threads(1)
+    session.serving = ServeState(session.config.serve)
+    config.pluginmanager.register(_Hooks(session), "bench_core_serving")
+
+
+class _Hooks:
+    def __init__(self, session):
+        self.session = session
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session):
+        """The items the parent asks for, not the collected ones in order."""
+        if session.testsfailed and not session.config.option.continue_on_collection_errors:
+            return None   # collection failed: pytest reports it, the server ends, the parent reads its log
+        serve_items(session.items, self.session.serving)
+        return True
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        if report.failed:   # what the parent is told went wrong
+            self.session.serving.failure = str(report.longrepr)[-2000:]
+
+
+def server_command(python: str, file: Path, tree: Path, inifile: Path | None, *, device: str, quick: bool,
+                   threads: int | None, timeout_s: float | None) -> list[str]:
+    """The pytest command of a side's server: that side's test file, collected in its own tree, measuring nothing
+    itself (no files, no gate)."""
+    argv = [python, "-m", "pytest", str(file), "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly",
+            f"--rootdir={tree}", opt.NO_OUT, f"{opt.THREADS}={'auto' if threads is None else threads}",
+            f"{opt.TIMEOUT}={timeout_s or 0}"]
+    argv += ["-c", str(inifile)] if inifile is not None and inifile.exists() else []
+    argv += [opt.GPU] if device == "cuda" else []
+    return argv + ([opt.QUICK] if quick else [])
+
+
+def serve_items(items, state) -> None:
+    """A side's server (`--bench-serve`): run the test items the parent asks for, one at a time, each up to its
+    bench.run for the scenario asked for, which serves it (`serve`)."""
+    torch = sys.modules.get("torch")
+    state.channel.send({"ready": os.getpid(), "python": platform.python_version(),
+                        "torch": getattr(torch, "__version__", None)})
+    while True:
+        doc = state.channel.recv()
+        if doc is None or doc.get("cmd") == "quit":
+            return
+        if doc.get("cmd") != "item":
+            state.channel.send({"error": f"expected an item, got {doc!r}"})
+            continue
+        wanted = (str(Path(doc["file"]).resolve()), doc["function"], doc.get("param_id"))
+        found = [i for i in items if (str(Path(str(i.path)).resolve()), getattr(i, "originalname", i.name),
+                                      getattr(getattr(i, "callspec", None), "id", None)) == wanted]
+        if len(found) != 1:
+            state.channel.send({"error": f"{len(found)} test items here match {Path(doc['file']).name}::"
+                                         f"{doc['function']}[{doc.get('param_id')}] (collected: {len(items)})"})
+            continue
+        state.begin(doc["scenario"])
+        found[0].ihook.pytest_runtest_protocol(item=found[0], nextitem=None)
+        if state.ended_by == "quit":
+            return
+        if state.ended_by == "failed":   # said already
+            continue
+        if state.served:
+            state.channel.send({"item_done": doc["scenario"], "served": True})
+        else:
+            state.channel.send({"error": f"{found[0].nodeid} did not reach bench.run for scenario "
+                                         f"{doc['scenario']!r}: {state.failure or 'it never measured it'}"})
+
+
+def serve(session, request, sizing, scenario, fn, kwargs):
+    """bench.run inside a side's server: the scenario asked for is served until the parent is done with it; any
+    other scenario of the test is passed over (None)."""
+    from bench_core.timing.backends import backend_for
+    from bench_core.timing.sampling import Sampler, set_threads
+    from bench_core.workflows import worker
+
+    state, name = session.serving, scenario.name
+    if name != state.requested or state.served:
+        return None
+    state.served = True
+
+    def value_of(arg):
+        return request.node.funcargs[arg] if arg in request.node.funcargs else request.getfixturevalue(arg)
+
+    def build():
+        return capture(request.function, value_of, sizing, state.side, name)
+
+    device = session.config.device
+    fork = worker.can_fork(device)
+    if not fork:
+        set_threads(session.config.threads)
+    setup = kwargs.get("setup")
+
+    def warm():   # forked children inherit what a first call sets up once per process (kernels, primitive caches)
+        if setup is not None:
+            setup()
+        fn()
+    state.ended_by = worker.serve_scenario(state.channel, name, build, Sampler(name, backend_for(device)), fork=fork,
+                                           threads=session.config.threads, files=worker.loaded_files(state.roots),
+                                           warm=warm if fork else None)
+    pytest.skip(f"served scenario {name!r} to a side-by-side comparison")

@@ -1,0 +1,116 @@
+"""Process mode of --bench-against: each side a pytest process of its own, in its own tree and interpreter,
+through the real plugin in throwaway repositories (fake clocks: each side's server times its own fake steps)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_fidelity import CONFTEST, commit_all
+
+PARAMETRIZED = CONFTEST + '''
+import pytest
+import torch
+
+
+@pytest.fixture
+def scale():
+    return {scale}
+'''
+
+PARAM_TEST = '''
+import pytest
+import torch
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_step(bench, scale, dtype):
+    ms = scale * (2.0 if dtype is torch.float32 else 1.0)
+    bench.run(Scenario(f"step[{dtype}]", ("forward",)), work_on_shared_clock(ms), clock=SHARED_CLOCK)
+'''
+
+
+def _against(pytester, *args):
+    res = pytester.runpytest(*args, "--bench-out", "out")
+    files = list((pytester.path / "out").glob("session-*.json"))
+    return res, (json.loads(files[0].read_text()) if files else None)
+
+
+def test_a_test_with_a_fixture_and_parameters_json_cannot_carry_is_compared_in_processes(pytester):
+    """A fixture (changed in the revision) and a torch dtype parameter: both reach each side's own test, because
+    each side's pytest collects and sets up its own item; a 3x change of the fixture is found in both items."""
+    pytester.makeconftest(PARAMETRIZED.format(scale=1.0))
+    pytester.makepyfile(test_p=PARAM_TEST)
+    commit_all(pytester.path)
+    pytester.makeconftest(PARAMETRIZED.format(scale=3.0))
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick")
+    res.assert_outcomes(failed=2)
+    res.stdout.fnmatch_lines(["*scenario 'step?torch.float32?': slower against revision 'HEAD'*"])
+    recs = {r["scenario"]: r for r in doc["against"]["scenarios"]}
+    assert sorted(recs) == ["step[torch.bfloat16]", "step[torch.float32]"]
+    for rec in recs.values():
+        assert rec["comparison"]["ratio"] == pytest.approx(3.0, rel=0.03)
+        assert "--bench-against-processes" in rec["code"]["why_processes"]
+    from helpers import orphaned_workers
+
+    assert orphaned_workers() == []
+
+
+def test_another_interpreter_is_a_side_of_its_own_and_the_record_names_both(pytester):
+    """--bench-against-python alone: this tree against itself in another interpreter (here the same one under
+    another path), so only the environments differ; the record says which interpreter and torch each side ran."""
+    pytester.makeconftest(PARAMETRIZED.format(scale=1.0))
+    pytester.makepyfile(test_p=PARAM_TEST)
+    commit_all(pytester.path)
+    other = Path(sys.executable).with_name("python3")   # the same environment under another name
+    if not other.exists() or other == Path(sys.executable):
+        pytest.skip("no second name for this interpreter in its environment")
+    res, doc = _against(pytester, "--bench-against-python", str(other), "--bench-quick", "-k", "f32")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines([f"*comparison with revision 'this tree under {other}'*"])
+    (rec,) = doc["against"]["scenarios"]
+    assert rec["comparison"]["ratio"] == pytest.approx(1.0, rel=0.03)
+    ran = rec["code"]["processes_ran"]
+    assert ran["baseline"][0]["interpreter"] == str(other) and ran["candidate"][0]["interpreter"] == sys.executable
+    assert ran["baseline"][0]["torch"] and ran["baseline"][0]["python"]
+
+
+def test_an_interpreter_that_does_not_exist_is_refused_naming_the_option(pytester):
+    pytester.makepyfile(test_p="def test_x():\n    pass\n")
+    res = pytester.runpytest("--bench-against-python", "/nonexistent/python")
+    assert res.ret != 0
+    res.stderr.fnmatch_lines(["*--bench-against-python /nonexistent/python: no such interpreter*"])
+
+
+def test_a_revision_that_does_not_compile_is_named_with_its_own_error_in_process_mode(pytester):
+    """The revision's side fails to collect: not compared, with the revision's SyntaxError in the reason, and
+    --bench-strict fails the item."""
+    pytester.makeconftest(PARAMETRIZED.format(scale=1.0))
+    pytester.makepyfile(test_p=PARAM_TEST.replace("def test_step(", "def test_step(:"))
+    commit_all(pytester.path)
+    pytester.makepyfile(test_p=PARAM_TEST)
+    args = ("--bench-against", "HEAD", "--bench-against-processes", "--bench-quick", "-k", "f32")
+    res, _ = _against(pytester, *args)
+    res.assert_outcomes(passed=1)
+    out = " ".join(res.stdout.str().split())
+    assert "not compared: HEAD" in out and "the baseline's process (pytest test_p.py in" in out
+    assert "SyntaxError: invalid syntax" in out and "def test_step(:" in out
+    res, _ = _against(pytester, *args, "--bench-strict")
+    res.assert_outcomes(failed=1)
+
+
+def test_a_side_that_loaded_the_other_trees_changed_file_is_named(tmp_path):
+    from bench_core.workflows.side_by_side.fidelity import crossed
+    from bench_core.workflows.side_by_side.revisions import file_sha256
+
+    own, other = tmp_path / "rev", tmp_path / "cur"
+    for tree, text in ((own, "A = 1\n"), (other, "A = 2\n")):
+        (tree / "pkg").mkdir(parents=True)
+        (tree / "pkg" / "m.py").write_text(text)
+        (tree / "pkg" / "same.py").write_text("B = 1\n")
+    loaded = {str(other / "pkg" / "m.py"): file_sha256(other / "pkg" / "m.py"),
+              str(other / "pkg" / "same.py"): file_sha256(other / "pkg" / "same.py"),
+              str(own / "pkg" / "x.py"): None}
+    assert crossed(loaded, own, other) == ["pkg/m.py"]   # the same content, or its own tree's file, is no crossing
