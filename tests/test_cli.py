@@ -129,3 +129,15 @@ def test_a_results_folder_that_is_a_file_is_refused_before_anything_is_measured(
               opt.NNODES: 1, opt.NODE_RANK: 0}
     with pytest.raises(ValueError, match="--bench-out .*out: is a file; give a folder"):
         opt.session_config(lambda flag: values.get(flag, None if opt.BY_FLAG[flag].type else False), tmp_path, "cpu")
+
+
+def test_the_gpu_workflow_never_runs_a_forks_code_and_runs_one_job_at_a_time():
+    """#28: a pull request from a fork ran its code on the self-hosted GPU machine, and two pushes shared it."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / ".github" / "workflows" / "bench-gpu.yml").read_text()
+    job = text[text.index("jobs:"):]
+    guard = "if: github.event_name == 'push' || github.event.pull_request.head.repo.full_name == github.repository"
+    assert guard in job and job.index(guard) < job.index("runs-on: [self-hosted, gpu]")
+    head = text[:text.index("jobs:")]
+    assert "concurrency:" in head and "cancel-in-progress: false" in head and "contents: read" in head

@@ -124,6 +124,27 @@ def test_family_adjustment_can_turn_a_lone_regression_into_inconclusive():
     assert "bonferroni over 50 scenarios" in adj.adjustment
 
 
+def test_a_file_decided_as_the_session_decides_gets_bonferroni_and_holm_only_when_asked():
+    """#28: the CLI used Holm over every scenario, the session Bonferroni as each test ended; at the margin they
+    gave two answers for one file. By default the CLI now takes the session's rule; `as_session=False` (the CLI's
+    --adjust) takes every p-value at once."""
+    one_look = GateConfig(run_noise=0.02, min_runs=1, max_runs=1)
+    base = {n: runs([10, 10.1, 9.9], seed=i, name=n) for i, n in enumerate("abc")}
+    new = {"a": runs([10.9], seed=7, name="a"), "b": runs([10.8], seed=8, name="b"), "c": runs([10], seed=9, name="c")}
+    raw = {c.name: c.p_value for c in compare_sets(base, new, one_look, as_session=False)}
+    session = {c.name: c for c in compare_sets(base, new, one_look)}
+    holm = {c.name: c for c in compare_sets(base, new, one_look, as_session=False)}
+    assert all(session[n].p_adjusted == pytest.approx(min(1.0, raw[n] * 3)) for n in raw)
+    lowest = min(raw, key=raw.get)
+    second = sorted(raw, key=raw.get)[1]
+    assert holm[second].p_adjusted == pytest.approx(min(1.0, max(raw[lowest] * 3, raw[second] * 2)))
+    assert "bonferroni over 3 scenarios (each decided as its test ends; holm needs every" in session["a"].adjustment
+    assert "asked for" not in session["a"].adjustment and holm["a"].adjustment.startswith("holm over")
+    (plain,) = decide_family([estimate("a", base["a"], new["a"], GateConfig(adjust="bonferroni"))],
+                             GateConfig(adjust="bonferroni"), family_size=3)
+    assert "bonferroni over 3 scenarios (each decided as its test ends)" in plain.adjustment
+
+
 def test_gate_config_refuses_nonsense():
     with pytest.raises(ValueError):
         GateConfig(alpha=0)

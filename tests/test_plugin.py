@@ -34,6 +34,10 @@ def test_session_table_json_and_per_test_properties(bt):
     bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
     res = bt.runpytest("--bench-repeats", "4", "--bench-warmup", "1", "--junitxml=out.xml")
     res.assert_outcomes(passed=2)
+    # what to do next, and whose the pytest-benchmark header line is
+    res.stdout.fnmatch_lines(["bench_core: `bench` measures with bench_core's own sampler*`benchmark:` line above is "
+                              "pytest-benchmark's*",
+                              "next: keep this run as a baseline (--bench-save NAME) and gate later runs*"])
     res.stdout.fnmatch_lines(["*bench_core results*", "alpha*50.000*2.000*4,000/s*",
                               "every row: device: cpu, threads: 1, timer: host, mode: per_call*n: 4, window mem: n/o",
                               "*results written to*session-*.json"])
@@ -335,6 +339,9 @@ def test_against_a_revision_fails_only_the_slower_scenario_and_reports_one_sided
     assert "gamma: not compared: HEAD (" in out and "broken in the old revision" in out
     assert "delta: measured on the current tree only: test_delta does not exist in HEAD" in out
     assert "dirty (diff sha256" in out and "5 rounds, 15 at most for a possible slowdown (looks at 5, 10, 15) x 3 pairs" in out
+    # side by side counts rounds, each scenario its own, in its row: never "runs", never one scenario's for all
+    assert "rounds b/c" in out and "runs b/c" not in out and "rounds ran" not in out
+    assert "medians of all samples pooled; the ratio and its interval: the estimate over runs (rounds)" in out
     (path,) = (against_repo.path / ".bench" / "results").glob("session-*.json")
     doc = json.loads(path.read_text())
     ag = doc["against"]
@@ -421,9 +428,10 @@ def test_code_that_cannot_load_twice_is_compared_with_each_side_in_its_own_proce
     pytester.makepyfile(test_isolated=ISOLATED.format(ms=6))      # three times slower
     res = pytester.runpytest_subprocess("--bench-against", "HEAD", "--bench-quick")
     res.assert_outcomes(failed=1, passed=1)
-    res.stdout.fnmatch_lines(["*scenario 'isolated': slower against revision 'HEAD'*",
-                              "*each side a pytest process of its own, every round in freshly forked*",
-                              "*process mode: 2 scenario(s) served by 2 pytest process(es), one per side and test file*"])
+    res.stdout.fnmatch_lines(["*scenario 'isolated': slower against revision 'HEAD'*"])
+    out = " ".join(res.stdout.str().split())     # notes wrap at 120 columns
+    assert "each side a pytest process of its own, every round in freshly forked children" in out
+    assert "process mode: 2 scenario(s) served by 2 pytest process(es), one per side and test file" in out
     (path,) = (pytester.path / ".bench" / "results").glob("session-*.json")
     rec = next(r for r in json.loads(path.read_text())["against"]["scenarios"] if r["scenario"] == "isolated")
     assert "register(s) torch operators" in rec["code"]["why_processes"]
@@ -654,8 +662,13 @@ def test_the_cli_decides_a_session_file_as_the_session_did_with_its_fresh_proces
     session = {c["name"]: c["verdict"] for c in json.loads(path.read_text())["comparisons"]}
     capsys.readouterr()
     assert main(["compare", str(bt.path / "baselines" / "main.json"), str(path), "--json"]) == 1
-    cli = {c["name"]: c["verdict"] for c in json.loads(capsys.readouterr().out)}
+    cli_doc = json.loads(capsys.readouterr().out)
+    cli = {c["name"]: c["verdict"] for c in cli_doc}
     assert cli == session and session["alpha"] == "slower"
+    # the same adjusted p-values too: the CLI adjusts as the session did (each scenario decided as its test ends),
+    # not with Holm over all of them, which differs at the margin
+    session_p = {c["name"]: c["p_adjusted"] for c in json.loads(path.read_text())["comparisons"]}
+    assert {c["name"]: c["p_adjusted"] for c in cli_doc} == session_p
 
 
 SLOW = '''

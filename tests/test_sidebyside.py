@@ -374,7 +374,7 @@ def test_a_possible_slowdown_runs_on_to_later_looks_and_is_decided_there():
     n = len(rec["rounds"]["samples_host_gpu_ms"]["baseline"])
     assert n in (8, 12) and c.baseline_runs == n
     assert c.verdict == SLOWER and c.looks == 3 and "alpha split over 3 looks (at 4, 8, 12 rounds)" in c.adjustment
-    assert "12 at most for a possible slowdown (looks at 4, 8, 12)" in c.method and f"; {n} rounds ran" in c.method
+    assert "12 at most for a possible slowdown (looks at 4, 8, 12)" in c.method   # the rounds it ran: its own row
     # the same rounds with the later looks turned off: the first look alone leaves it undecided
     one, rec1 = sequential(seed=11, cand_ms=5.4, max_rounds=4)
     assert len(rec1["rounds"]["samples_host_gpu_ms"]["baseline"]) == 4 and one.verdict == INCONCLUSIVE

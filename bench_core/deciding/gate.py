@@ -470,19 +470,22 @@ def _disagreeing(c: Comparison) -> bool:
 
 
 def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConfig(),
-                  family_size: int | None = None, advice: str = ADD_RUNS) -> list[Comparison]:
+                  family_size: int | None = None, advice: str = ADD_RUNS, one_at_a_time: bool = False
+                  ) -> list[Comparison]:
     """The one decision: adjust the p-values of scenarios compared together, then decide each once.
 
     `family_size` larger than the list means the decision is taken before the rest of the family
     exists (pytest decides each scenario as soon as it has run). Holm's and Benjamini-Hochberg's
     steps need every p-value, so the adjustment is then Bonferroni over `family_size`: Holm's own
-    first, most demanding step, which never under-corrects.
+    first, most demanding step, which never under-corrects. `one_at_a_time` asks for that same rule
+    with every estimate at hand (the CLI deciding a session's file gives the session's own answer).
     """
     ps = [c.p_value if c.verdict is None else None for c in estimates]
     n = sum(p is not None for p in ps)
-    if family_size is not None and family_size > len(estimates):
+    if family_size is not None and (family_size > len(estimates) or one_at_a_time):
         adj = [None if p is None else min(1.0, p * family_size) for p in ps]
-        how = f"bonferroni over {family_size} scenarios (decided one at a time; {config.adjust} asked for)"
+        why = "" if config.adjust == "bonferroni" else f"; {config.adjust} needs every scenario's p-value at once"
+        how = f"bonferroni over {family_size} scenarios (each decided as its test ends{why})"
     else:
         adj = adjust_pvalues(ps, config.adjust)
         how = f"{config.adjust} over {n} scenario(s)" if n > 1 else "none (one scenario)"
@@ -528,10 +531,15 @@ def compare_sets(
     baseline: Mapping[str, Sequence[Measurement]],
     candidate: Mapping[str, Sequence[Measurement]],
     config: GateConfig = GateConfig(),
+    as_session: bool = True,
 ) -> list[Comparison]:
-    """Every scenario on either side, compared and decided as one family; the variance prior is fitted
-    from the whole baseline."""
+    """Every scenario on either side, compared and decided; the variance prior is fitted from the whole
+    baseline. `as_session`: decided as the pytest gate decides them (each as its test ends, Bonferroni over
+    the baseline's scenarios), so a session's file gets the session's own verdicts; otherwise as one family
+    with `config.adjust`, every p-value at hand."""
     names = list(dict.fromkeys([*baseline.keys(), *candidate.keys()]))
     prior = noise_prior(baseline)
-    return decide_family([estimate(n, baseline.get(n, ()), candidate.get(n, ()), config, prior) for n in names],
-                         config)
+    ests = [estimate(n, baseline.get(n, ()), candidate.get(n, ()), config, prior) for n in names]
+    if as_session:
+        return decide_family(ests, config, family_size=len(baseline), one_at_a_time=True)
+    return decide_family(ests, config)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from typing import Callable, Iterable, Sequence
 
@@ -80,3 +81,17 @@ def end(proc: subprocess.Popen, *, others: Iterable[int] = (), still_ours: Calla
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+
+
+def sigterm_as_interrupt():
+    """SIGTERM (what `timeout` and a cancelled CI job send) taken as Ctrl-C: pytest then ends the session as
+    interrupted, so every child process is ended by its pid and every temporary tree removed on the way out (each
+    is in a `finally`), what was measured is written, and no baseline is stored from it. Returns the handler it
+    replaced (None where it replaced none: a handler of the user's stays, and so does a thread's session)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+    return signal.signal(signal.SIGTERM, interrupt)

@@ -98,4 +98,17 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
             lines.append(report(s))
         except Exception as exc:  # noqa: BLE001 - every write gets its chance, every failure is said
             failures.append(str(exc))
-    return lines, failures
+    return lines + next_steps(s, saved=bool(s.config.save) and not failures), failures
+
+
+def next_steps(s, saved: bool) -> list[str]:
+    """What a user can do with this run, for a session that was not gated: keep it, gate against it."""
+    c = s.config
+    if c.compare or c.against or c.replica or c.serve or not s.results:
+        return []
+    if saved:
+        return [f"next: gate a later run against it: pytest benchmarks --bench-compare {c.save} (a baseline of runs "
+                f"recorded at different times is better: --bench-save {c.save} --bench-append)"]
+    return ["next: keep this run as a baseline (--bench-save NAME) and gate later runs against it (--bench-compare "
+            "NAME); on a shared runner, compare with a revision side by side instead (--bench-against origin/main). "
+            "docs/gate.md, docs/side-by-side.md"]

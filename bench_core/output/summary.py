@@ -55,8 +55,12 @@ def comparison_lines(s) -> list[str]:
     if s.revision is not None:
         commit = s.revision.revision.commit
         lines.append(f"baseline = {s.revision.revision.label} ({commit[:12] if commit else 'no commit'}); "
-                     f"current = {s.revision.current.describe()}; "
-                     f"{s.comparisons[0].method if s.comparisons else ''}")
+                     f"current = {s.revision.current.describe()}")
+        methods: dict[str, list[str]] = {}
+        for c in s.comparisons:
+            methods.setdefault(c.method, []).append(c.name)
+        for method, names in methods.items():   # one mode for all, or each mode with the scenarios it ran
+            lines.append(method if len(methods) == 1 else f"{method}: {', '.join(names)}")
     if s.workers is not None and s.workers.started:
         lines.append(f"process mode: {len(s.workers.scenarios)} scenario(s) served by {s.workers.started} pytest "
                      f"process(es), one per side and test file, kept from scenario to scenario")

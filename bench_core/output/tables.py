@@ -263,9 +263,21 @@ def comparison_notes(comparisons: Sequence[Comparison]) -> list[str]:
                   f"counted FLOPs over the median step)" for c in comparisons if c.achieved_flops and c.achieved_flops[0] > 0]
 
 
+def compare_headers(comparisons: Sequence[Comparison]) -> list[str]:
+    """Side by side counts rounds of one process (or pairs of processes) where a stored gate counts runs."""
+    if comparisons and all((c.method or "").startswith("side by side") for c in comparisons):
+        return [h.replace("runs b/c (b spread)", "rounds b/c") for h in COMPARE_HEADERS]
+    return COMPARE_HEADERS
+
+
+COLUMNS_MEAN = ("baseline ms and current ms: medians of all samples pooled; the ratio and its interval: the estimate "
+                "over runs (rounds), which is what is decided, so the medians need not divide to it")
+
+
 def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str = "simple", wide: bool = False) -> str:
-    body = fit(COMPARE_HEADERS, [comparison_row(c) for c in comparisons], wide=wide, fmt=fmt,
-               foldable=("runs b/c (b spread)",), droppable=COMPARE_DROPPABLE)
+    headers = compare_headers(comparisons)
+    body = fit(headers, [comparison_row(c) for c in comparisons], wide=wide, fmt=fmt,
+               foldable=(headers[-2],), droppable=COMPARE_DROPPABLE)
     # an advice shared by several inconclusive rows is said once, under them, not once per scenario
     split = {c.name: c.reason.rsplit(": ", 1) for c in comparisons if c.verdict == "inconclusive" and ": " in c.reason}
     advice = [parts[1] for parts in split.values()]
@@ -277,7 +289,7 @@ def comparison_table(comparisons: Sequence[Comparison], alpha: float, fmt: str =
     methods = sorted({c.adjustment for c in comparisons if c.adjustment})
     foot = (f"\np-values adjusted by {'; '.join(methods) or 'nothing (no scenario was decidable)'}; alpha={alpha}; "
             f"each interval is at the level its verdict was decided at")
-    lines = [foot.lstrip("\n"), *notes]
+    lines = [foot.lstrip("\n"), COLUMNS_MEAN, *notes]
     return body + below(lines, wide)
 
 
@@ -326,7 +338,7 @@ def markdown(title: str, outcome: str | None, comparisons: Sequence[Comparison],
         bad = list(failing)
         parts += [f"**{'FAILED' if bad or errors else 'passed'}**: {outcome}", ""]
         parts += [f"- :x: `{c.name}`: {c.verdict}: {c.reason}" for c in bad] + ([""] if bad else [])
-        parts += [tabulate([comparison_row(c) for c in comparisons], headers=COMPARE_HEADERS, tablefmt="github",
+        parts += [tabulate([comparison_row(c) for c in comparisons], headers=compare_headers(comparisons), tablefmt="github",
                            disable_numparse=True), ""]
     if errors:
         parts += ["**Failed scenarios**", ""] + [f"- `{n}`: {p}" for n, p in errors] + [""]

@@ -49,7 +49,8 @@ def cmd_compare(ns) -> int:
     except (BenchError, ValueError) as exc:
         print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    comps = compare_sets(base, new, gate)
+    # the session's own rule unless another is asked for: one file, one answer, whichever shell reads it
+    comps = compare_sets(base, new, gate, as_session=ns.bench_adjust is None)
     if ns.json:
         print(json.dumps([c.to_dict() for c in comps], indent=1))
     else:

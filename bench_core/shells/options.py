@@ -123,7 +123,9 @@ def _options() -> tuple[Option, ...]:
         Option(WINDOW, "compare with the latest N runs of the baseline (a rolling window; the noise prior uses all)",
                int, metavar="N", cli="--window"),
         Option(ALLOW_ENV, "compare even when the environments differ", cli="--allow-env-mismatch"),
-        Option(ADJUST, f"how p-values are adjusted over the scenarios compared together ({GATE.adjust})", str,
+        Option(ADJUST, f"how p-values are adjusted over the scenarios compared together, where all are at hand: "
+                       f"the CLI, when given ({GATE.adjust}); pytest decides each scenario as its test ends, "
+                       f"Bonferroni over the baseline's scenarios, and so does the CLI unless this is given", str,
                choices=("holm", "bonferroni", "bh"), cli="--adjust"),
         Option(MD, "append a Markdown report here (e.g. \"$GITHUB_STEP_SUMMARY\"): verdicts first, then tables", str,
                metavar="PATH"),

@@ -5,11 +5,11 @@ A thin shell: everything real lives in bench_core.session and below.
 from __future__ import annotations
 
 import signal
-import threading
 from pathlib import Path
 
 import pytest
 
+from bench_core.files import children
 from bench_core.shells import options as opt, replay
 
 _KEY = pytest.StashKey["object"]()
@@ -50,7 +50,7 @@ def pytest_configure(config):
         if config.getoption("verbose") > -2:   # -qq silences it
             session.watch(lambda line: _progress_line(config, line))
         config.stash[_KEY] = session
-        config.stash[_SIGTERM] = _terminate_as_interrupt()
+        config.stash[_SIGTERM] = children.sigterm_as_interrupt()
         if scfg.serve is not None:
             from bench_core.shells import serving
 
@@ -59,6 +59,13 @@ def pytest_configure(config):
             session.open_revision(root)
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
+
+
+def pytest_report_header(config):
+    if config.pluginmanager.hasplugin("benchmark"):   # its header line is about its own fixture, not ours
+        return ["bench_core: `bench` measures with bench_core's own sampler and counts; the `benchmark:` line above "
+                "is pytest-benchmark's, whose defaults apply only to its `benchmark` fixture"]
+    return None
 
 
 def xdist_share(config) -> str | None:
@@ -124,20 +131,6 @@ def pytest_unconfigure(config):
     previous = config.stash.get(_SIGTERM, None)
     if previous is not None:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _terminate_as_interrupt():
-    """SIGTERM (what `timeout` and a cancelled CI job send) taken as Ctrl-C: pytest then ends the session as
-    interrupted, so every child process is ended by its pid and every temporary tree removed on the way out (each
-    is in a `finally`), what was measured is written, and no baseline is stored from it. Returns the handler it
-    replaced (None where it replaced none: a handler of the user's stays, and so does a thread's session)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
-        return None
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
-    return signal.signal(signal.SIGTERM, interrupt)
 
 
 class BenchFixture:

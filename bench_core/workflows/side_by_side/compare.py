@@ -247,8 +247,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
     if res is None:
         return m, None
     c = judge(res, m.timer)
-    ran = f"; {len(res.baseline)} rounds ran" if len(looks) > 1 and not isinstance(res, list) else ""
-    c = replace(c, method=f"side by side with {rev}: {method}{ran}")
+    c = replace(c, method=f"side by side with {rev}: {method}")   # the rounds each scenario ran: its row
     session.comparisons.append(c)
     rounds = [r.to_dict() for r in (res if isinstance(res, list) else [res])]
     session.against_records.append({"scenario": scenario.name, "comparison": c.to_dict(), "method": c.method,
