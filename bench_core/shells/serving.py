@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,10 +115,16 @@ def serve(session, request, sizing, scenario, fn, kwargs):
         set_threads(session.config.threads)
     setup = kwargs.get("setup")
 
-    def warm():   # forked children inherit what a first call sets up once per process (kernels, primitive caches)
-        if setup is not None:
-            setup()
-        fn()
+    def warm():
+        # forked children inherit what a call sets up once per process: kernels chosen, primitive caches (how many
+        # calls: worker.WARM_CALLS, and why)
+        deadline = time.monotonic() + worker.WARM_S
+        for _ in range(worker.WARM_CALLS):
+            if setup is not None:
+                setup()
+            fn()
+            if time.monotonic() > deadline:
+                break
     state.ended_by = worker.serve_scenario(state.channel, name, build, Sampler(name, backend_for(device)), fork=fork,
                                            threads=session.config.threads, files=worker.loaded_files(state.roots),
                                            warm=warm if fork else None)
