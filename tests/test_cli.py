@@ -119,6 +119,21 @@ def test_show_into_a_closed_pipe_ends_quietly_and_help_names_the_command(tmp_pat
     assert helped.stdout.startswith("usage: python -m bench_core")
 
 
+def test_every_argument_of_every_command_says_what_it_is():
+    """#28: half of `compare --help` had no help text (its two arguments among them)."""
+    import argparse
+
+    from bench_core.shells.cli import build_parser
+
+    def blank(parser, path):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                yield from (b for name, p in a.choices.items() for b in blank(p, [*path, name]))
+            elif a.dest != "help" and not (a.help or "").strip():
+                yield " ".join([*path, a.dest])
+    assert list(blank(build_parser(), [])) == []
+
+
 def test_a_results_folder_that_is_a_file_is_refused_before_anything_is_measured(tmp_path):
     import pytest
 
