@@ -51,6 +51,8 @@ class SessionConfig:
     wide: bool = False                 # tables with every column and unwrapped notes, however wide
     plots: Path | None = None          # a distribution plot per scenario written here (matplotlib, optional)
     count_flops: bool = False          # count each step's FLOPs once, after its window (torch's FLOP counter)
+    signature: bool = False            # count each step's work signature once, after its window; compared exactly
+    no_growth: tuple[str, ...] = ()    # signature counters that must not grow against the baseline or revision
     peak_tflops: float | None = None   # the device's peak for utilization (else a known GPU's, or the CPU's measured)
     timeout_s: float | None = 600.0    # per scenario, everything included; None or 0: no limit
     compare: str | None = None
@@ -223,7 +225,8 @@ class BenchSession:
         comparison that decided nothing fails as well."""
         if c is None:
             return False
-        return c.verdict in (SLOWER, INCOMPARABLE) or c.unusable or (self.config.strict and c.verdict == INCONCLUSIVE)
+        return c.verdict in (SLOWER, INCOMPARABLE) or c.unusable or bool(c.grown) or (
+            self.config.strict and c.verdict == INCONCLUSIVE)
 
     def outcome(self) -> str:
         """One line: how many comparisons decided what, and what was not compared. Said even when nothing was

@@ -98,6 +98,8 @@ class Measurement:
     # a distributed scenario's every rank (`ranks.RankSamples`); host_ms and gpu_ms then hold the maximum over
     # ranks of each step, the step's real cost. None: one process
     ranks: Any = None
+    # what one step does, counted exactly once after the window (`signature.Signature`); None: not counted
+    signature: Any = None
 
     def __post_init__(self):
         name = self.scenario.name if isinstance(self.scenario, Scenario) else "?"
@@ -118,6 +120,11 @@ class Measurement:
             if isinstance(flops, bool) or not isinstance(flops, int) or flops < 0:
                 raise InvalidRecord(f"scenario {name!r}: work must hold a non-negative integer count of flops")
             object.__setattr__(self, "work", MappingProxyType(dict(self.work)))
+        if self.signature is not None:
+            from bench_core.core.signature import Signature
+
+            if not isinstance(self.signature, Signature):
+                raise InvalidRecord(f"scenario {name!r}: signature must be a Signature record")
         if not isinstance(self.scenario, Scenario):
             raise InvalidRecord("measurement needs a Scenario record")
         if self.device not in DEVICES:

@@ -166,6 +166,8 @@ class Comparison:
     achieved_flops: tuple[float, float] | None = None   # FLOP/s, baseline and current, where both were counted
     slow_runs: tuple[float, float] | None = None   # two-level model: how many runs of each side were likely slow
     slow_share: float | None = None        # two-level model: the machine's share of slow processes
+    facts: tuple[str, ...] = ()            # how the two steps' work signatures differ, exactly, per step
+    grown: tuple[str, ...] = ()            # counters that must not grow (--bench-no-growth) and grew: fails
     # two-level model: the posterior of the change, which gives the interval once the level is decided; not stored
     posterior: Any = field(default=None, repr=False, compare=False)
 

@@ -144,6 +144,8 @@ def measurement_doc(m: Measurement, with_environment: bool = False) -> dict:
         d["work"] = thaw(m.work)
     if m.ranks is not None:
         d["ranks"] = m.ranks.to_dict()
+    if m.signature is not None:
+        d["signature"] = m.signature.to_dict()
     if with_environment:
         d["environment"] = thaw(m.environment)
     return d
@@ -170,7 +172,17 @@ def measurement_from_doc(d: Mapping[str, Any], environment: Mapping[str, Any] | 
         telemetry=d.get("telemetry"),
         work=d.get("work"),
         ranks=None if d.get("ranks") is None else _ranks_from_doc(d["ranks"]),
+        signature=None if d.get("signature") is None else _signature_from_doc(d["signature"]),
     )
+
+
+def _signature_from_doc(d: Any):
+    from bench_core.core.signature import Signature
+
+    try:
+        return Signature.from_dict(d)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRecord(f"signature: {exc}") from None
 
 
 def _ranks_from_doc(d: Any):

@@ -258,6 +258,8 @@ def comparison_notes(comparisons: Sequence[Comparison]) -> list[str]:
     """What each comparison says beside its verdict: its warnings, and each side's achieved FLOP/s where both
     were counted. The terminal and the Markdown report show the same lines."""
     out = [f"{c.name}: warning: {n}" for c in comparisons for n in c.notes]
+    out += [f"{c.name}: work signature: {f}" for c in comparisons for f in c.facts]
+    out += [f"{c.name}: FAILS, grew (--bench-no-growth): {g}" for c in comparisons for g in c.grown]
     return out + [f"{c.name}: achieved {_flops(c.achieved_flops[0], per_s=True)} -> "
                   f"{_flops(c.achieved_flops[1], per_s=True)} ({c.achieved_flops[1] / c.achieved_flops[0] - 1:+.1%}; "
                   f"counted FLOPs over the median step)" for c in comparisons if c.achieved_flops and c.achieved_flops[0] > 0]

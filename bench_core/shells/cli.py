@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench_core.deciding.gate import compare_sets
+from bench_core.deciding.signature import attach, latest
 from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
 from bench_core.core.errors import BenchError
 from bench_core.output.tables import comparison_table, session_table
@@ -51,6 +52,12 @@ def cmd_compare(ns) -> int:
         return EXIT_BAD_INPUT
     # the session's own rule unless another is asked for: one file, one answer, whichever shell reads it
     comps = compare_sets(base, new, gate, as_session=ns.bench_adjust is None)
+    try:
+        fixed = opt.no_growth(ns.bench_no_growth)
+    except ValueError as exc:
+        print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    comps = [attach(c, latest(base.get(c.name, ())), latest(new.get(c.name, ())), fixed) for c in comps]
     if ns.json:
         print(json.dumps([c.to_dict() for c in comps], indent=1))
     else:
@@ -67,7 +74,8 @@ def cmd_compare(ns) -> int:
         print("bench_core compare: no scenario is in both files: nothing was compared", file=sys.stderr)
         return EXIT_REGRESSED
     print(outcome(comps, gate), file=sys.stderr)
-    bad = [c for c in comps if c.verdict in (SLOWER, INCOMPARABLE) or (ns.bench_strict and c.verdict == INCONCLUSIVE)]
+    bad = [c for c in comps if c.verdict in (SLOWER, INCOMPARABLE) or c.grown or
+           (ns.bench_strict and c.verdict == INCONCLUSIVE)]
     return EXIT_REGRESSED if bad or failed else EXIT_OK
 
 
@@ -128,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_to_cli(c, opt.BASELINES, opt.ALPHA, opt.THRESHOLD, opt.RUN_NOISE, opt.MIN_RUNS, opt.MAX_RUNS, opt.WINDOW,
                    opt.ADJUST, opt.ALLOW_ENV)
     c.add_argument("--json", action="store_true", help="print the comparisons as JSON")
-    opt.add_to_cli(c, opt.WIDE, opt.STRICT)
+    opt.add_to_cli(c, opt.WIDE, opt.STRICT, opt.NO_GROWTH)
     c.set_defaults(func=cmd_compare)
     s = sub.add_parser("show", help="print the results table of a session file or a baseline (every run)")
     s.add_argument("file", help="a session or baseline JSON file, or a baseline's name (in --baselines)")

@@ -57,6 +57,7 @@ COMPARE, BASELINES, THRESHOLD, ALPHA, RUN_NOISE = ("--bench-compare", "--bench-b
                                                    "--bench-alpha", "--bench-run-noise")
 MIN_RUNS, MAX_RUNS, WINDOW, ALLOW_ENV, ADJUST = ("--bench-min-runs", "--bench-max-runs", "--bench-baseline-window",
                                                  "--bench-allow-env-mismatch", "--bench-adjust")
+SIGNATURE, NO_GROWTH = "--bench-signature", "--bench-no-growth"
 MD, WIDE, PLOTS, FLOPS, PEAK, STRICT, TIMEOUT = ("--bench-md", "--bench-wide", "--bench-plots", "--bench-flops",
                                                  "--bench-peak-tflops", "--bench-strict", "--bench-timeout")
 AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-rounds", "--bench-pairs",
@@ -134,6 +135,12 @@ def _options() -> tuple[Option, ...]:
                       "matplotlib: pip install -e \".[plots]\")", str, metavar="DIR"),
         Option(FLOPS, "count each step's FLOPs once after its window (torch's FLOP counter) and report achieved "
                       "FLOP/s and the share of the peak"),
+        Option(SIGNATURE, "count each step's work signature once after its window (operators, host reads that "
+                          "synchronize, copies, allocations) and compare it exactly with the baseline's or the "
+                          "revision's: every difference is reported as a fact"),
+        Option(NO_GROWTH, "work-signature counters that must not grow (syncs,copies,allocations,operators): growth "
+                          "fails the scenario's item, no statistics needed; implies --bench-signature", str,
+               metavar="COUNTERS", cli="--no-growth"),
         Option(PEAK, "the device's peak for utilization (default: a known GPU's for the dtype, or on the CPU a matmul "
                      "peak measured once)", float, metavar="TFLOPS"),
         Option(STRICT, "with a comparison: inconclusive and incomparable fail their test items too (the CLI: exit 1)",
@@ -257,6 +264,16 @@ def against_config(value: Values):
                          processes_only=value(AGAINST_PROCESSES), python=python)
 
 
+def no_growth(text: str | None) -> tuple[str, ...]:
+    from bench_core.core.signature import COUNTERS
+
+    names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
+    unknown = [n for n in names if n not in COUNTERS]
+    if unknown:
+        raise ValueError(f"{NO_GROWTH}: unknown counter(s) {unknown}; choose from {', '.join(COUNTERS)}")
+    return names
+
+
 def serve_fds(value: Values) -> tuple[int, int] | None:
     text = value(SERVE)
     if text is None:
@@ -282,6 +299,7 @@ def session_config(value: Values, root: Path, device: str):
         timeout_s=value(TIMEOUT) or None, strict=value(STRICT),
         markdown=Path(value(MD)) if value(MD) else None, wide=value(WIDE),
         plots=root / value(PLOTS) if value(PLOTS) else None, count_flops=value(FLOPS), peak_tflops=value(PEAK),
+        signature=value(SIGNATURE) or bool(value(NO_GROWTH)), no_growth=no_growth(value(NO_GROWTH)),
         topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None,
         serve=serve_fds(value))
     for flag, folder in ((OUT, cfg.results_dir), (BASELINES, cfg.baselines_dir), (PLOTS, cfg.plots),

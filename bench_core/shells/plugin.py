@@ -192,7 +192,8 @@ class BenchFixture:
             self._node.user_properties.append(("bench_verdict", c.verdict))
             if self._session.fails(c):
                 table = comparison_table([c], self._session.config.gate.alpha, wide=self._session.config.wide)
-                pytest.fail(self._session.shown(f"scenario {m.name!r}: {c.verdict} against "
+                grew = f"its work grew ({'; '.join(c.grown)}); timing " if c.grown else ""
+                pytest.fail(self._session.shown(f"scenario {m.name!r}: {grew}{c.verdict} against "
                                                 f"{self._session.compared_with}: {c.reason}\n{table}"), pytrace=False)
         return m
 

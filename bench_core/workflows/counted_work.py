@@ -1,5 +1,6 @@
-"""Counted work beside a measurement: each step's FLOPs counted once after its timed window (profiler-free),
-and the roofs utilization is a share of (a known GPU's peak and bandwidth, or the CPU's, measured once)."""
+"""Counted work beside a measurement: each step's FLOPs and its work signature, each counted once after its timed
+window (profiler-free), the roofs utilization is a share of (a known GPU's peak and bandwidth, or the CPU's,
+measured once), and two signatures compared exactly, as facts beside a timing verdict."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -44,3 +45,28 @@ def measure_cpu_roofs(session) -> None:
     if session.config.device == "cpu" and "cpu_peak_flops" not in session.environment:
         session.environment["cpu_peak_flops"] = cpu_peak()
         session.environment["cpu_bandwidth_bytes_per_s"] = cpu_bandwidth()
+
+
+def count_signature(session, m: Measurement, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> Measurement:
+    """The result with its step's work signature; a step the recorder cannot run is not counted, and says why."""
+    sig = signature_of(session, m.name, fn, setup)
+    return m if sig is None else replace(m, signature=sig)
+
+
+def signature_of(session, name: str, fn: Callable[[], Any], setup: Callable[[], Any] | None, side: str = ""):
+    from bench_core.timing.signature import record
+
+    try:
+        return record(fn, setup)
+    except Exception as exc:  # noqa: BLE001 - not counted, and says why
+        session.uncounted.append(f"{name}{f' ({side})' if side else ''}: work signature not counted: "
+                                 f"{type(exc).__name__}: {exc}")
+        return None
+
+
+def with_facts(session, c, base, cand):
+    """The comparison with how the two work signatures differ (facts, exactly), and the counters that must not
+    grow and did (`--bench-no-growth`: the item fails); unchanged where either side was not counted."""
+    from bench_core.deciding.signature import attach
+
+    return attach(c, base, cand, session.config.no_growth)

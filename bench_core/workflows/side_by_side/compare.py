@@ -15,7 +15,7 @@ from bench_core.deciding.rounds import estimate_rounds
 from bench_core.deciding.sequential import planned_looks, possible_slowdown
 from bench_core.timing.backends import CpuBackend, backend_for
 from bench_core.timing.counts import QUICK
-from bench_core.timing.protocol import SideError, run_processes, run_rounds, run_served, with_servers
+from bench_core.timing.protocol import SideError, on_side, run_processes, run_rounds, run_served, with_servers
 from bench_core.timing.sampling import Sampler, set_threads
 
 
@@ -109,6 +109,13 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
     looks, pairs = a.looks(quick), QUICK.pairs if quick else a.pairs
     build = {"candidate": lambda r: live if r == 0 else rebuild(r), "baseline": rev_build}
 
+    def signatures():   # after the rounds: one step of each side, counted exactly (a fresh revision instance)
+        from bench_core.workflows.counted_work import signature_of
+
+        theirs = on_side("baseline", lambda: rev_build(-1))
+        return (signature_of(session, scenario.name, theirs.fn, theirs.setup, "revision"),
+                signature_of(session, scenario.name, live.fn, live.setup, "current"))
+
     def sides(go_on):
         return run_rounds(build, Sampler(scenario.name, backend or backend_for(session.config.device), clock),
                           rounds=looks[0], pairs=pairs, warmup=a.warmup, seed=a.seed, extend_to=looks[1:],
@@ -116,7 +123,8 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
     how = (f"{looks[0]} rounds" if len(looks) == 1 else
            f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
     return _side_by_side(session, scenario, live, sides, f"{how} x {pairs} pairs, fresh instances every round, one "
-                                                         f"process", items, proof, clock, backend, looks)
+                                                         f"process", items, proof, clock, backend, looks,
+                         signatures=signatures)
 
 
 def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str, tuple[Mapping, Mapping]], *,
@@ -221,7 +229,8 @@ class _Judge:
         return possible_slowdown(self(res, "cuda_event" if self.device == "cuda" else "host"), self.gate.chase_p)
 
 
-def _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks=(), cold=None):
+def _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks=(), cold=None,
+                  signatures=None):
     a, dev = session.config.against, session.config.device
     scenario = scenario.with_metadata(device=dev)
     threads = set_threads(session.config.threads)
@@ -243,11 +252,22 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
             m = session.measure(scenario, live.fn, setup=live.setup, items=items, clock=clock, backend=backend)
     else:
         m = _current_side(session, scenario, live, res, items, threads, cold)
+    counted = None
+    if res is not None and session.config.signature:
+        if signatures is None:
+            session.uncounted.append(f"{scenario.name}: work signature not counted in process mode")
+        else:
+            counted = signatures()
+            m = replace(m, signature=counted[1]) if counted[1] is not None else m
     session.results.append(m)
     if res is None:
         return m, None
     c = judge(res, m.timer)
     c = replace(c, method=f"side by side with {rev}: {method}")   # the rounds each scenario ran: its row
+    if counted is not None:
+        from bench_core.workflows.counted_work import with_facts
+
+        c = with_facts(session, c, *counted)
     session.comparisons.append(c)
     rounds = [r.to_dict() for r in (res if isinstance(res, list) else [res])]
     session.against_records.append({"scenario": scenario.name, "comparison": c.to_dict(), "method": c.method,

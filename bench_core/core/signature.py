@@ -1,0 +1,57 @@
+"""A step's work signature, the record: the aten operators one step dispatches, by name and count; its host reads
+of computed values (each a synchronization on a GPU); its copies by direction, with their bytes; the tensors it
+allocates, with their bytes. Counted by `timing.signature.record`, compared by `deciding.signature`.
+
+A signature is a fact about the code, not a sample: two calls of the same code on the same inputs give the same
+one, whatever the machine's load. Version 1; the history is in docs/formats.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SIGNATURE_VERSION = 1
+
+COUNTERS = ("syncs", "copies", "allocations", "operators")   # what a scenario may declare must not grow
+
+
+@dataclass(frozen=True)
+class Signature:
+    operators: Mapping[str, int] = field(default_factory=dict)    # aten operator -> calls in one step
+    syncs: Mapping[str, int] = field(default_factory=dict)        # operator -> host reads of computed values
+    copies: Mapping[str, int] = field(default_factory=dict)       # direction -> copies
+    copy_bytes: Mapping[str, int] = field(default_factory=dict)   # direction -> bytes copied
+    allocations: int = 0                                          # tensors with storage of their own
+    allocated_bytes: int = 0
+
+    def __post_init__(self):
+        for name in ("operators", "syncs", "copies", "copy_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, Mapping) or any(
+                    not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) or v < 0
+                    for k, v in value.items()):
+                raise ValueError(f"work signature: {name} must map names to non-negative integer counts")
+        for name in ("allocations", "allocated_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"work signature: {name} must be a non-negative integer")
+
+    def total(self, counter: str) -> int:
+        if counter == "operators":
+            return sum(self.operators.values())
+        if counter == "allocations":
+            return self.allocations
+        return sum(getattr(self, counter).values())
+
+    def to_dict(self) -> dict:
+        return {"version": SIGNATURE_VERSION, "operators": dict(sorted(self.operators.items())),
+                "syncs": dict(self.syncs), "copies": dict(self.copies), "copy_bytes": dict(self.copy_bytes),
+                "allocations": self.allocations, "allocated_bytes": self.allocated_bytes}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "Signature":
+        if not isinstance(doc, Mapping) or doc.get("version") != SIGNATURE_VERSION:
+            raise ValueError(f"work signature: version {doc.get('version') if isinstance(doc, Mapping) else doc!r} "
+                             f"is not {SIGNATURE_VERSION}")
+        return cls(**{k: doc[k] for k in ("operators", "syncs", "copies", "copy_bytes", "allocations",
+                                          "allocated_bytes") if k in doc})

@@ -1,0 +1,53 @@
+"""Two work signatures compared exactly: every difference in words, per step, and the counters that grew.
+Pure: no torch, no timing; the same two signatures give the same facts on every run."""
+from __future__ import annotations
+
+from bench_core.core.signature import Signature
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2 ** 20:.2f} MB" if abs(n) >= 2 ** 20 else f"{n / 1024:.1f} KB" if abs(n) >= 1024 else f"{n} B"
+
+
+def differences(base: Signature, cand: Signature) -> list[str]:
+    """Every way the candidate's step differs from the baseline's, in words, per step; empty when the same."""
+    out = []
+    for op in sorted(set(base.syncs) | set(cand.syncs)):
+        d = cand.syncs.get(op, 0) - base.syncs.get(op, 0)
+        if d:
+            out.append(f"{d:+d} synchronization(s) per step: {op}")
+    for way in sorted(set(base.copies) | set(cand.copies)):
+        d = cand.copies.get(way, 0) - base.copies.get(way, 0)
+        db = cand.copy_bytes.get(way, 0) - base.copy_bytes.get(way, 0)
+        if d or db:
+            out.append(f"{d:+d} copies {way} per step ({'+' if db >= 0 else '-'}{_mb(abs(db))})")
+    if cand.allocations != base.allocations or cand.allocated_bytes != base.allocated_bytes:
+        db = cand.allocated_bytes - base.allocated_bytes
+        out.append(f"{cand.allocations - base.allocations:+d} allocations per step "
+                   f"({'+' if db >= 0 else '-'}{_mb(abs(db))})")
+    for op in sorted(set(base.operators) | set(cand.operators)):
+        d = cand.operators.get(op, 0) - base.operators.get(op, 0)
+        if d:
+            out.append(f"{d:+d} {op} per step")
+    return out
+
+
+def grown(base: Signature, cand: Signature, counters) -> list[str]:
+    """Of `counters` (names from COUNTERS), those whose total per step grew from base to cand, in words."""
+    return [f"{c}: {base.total(c)} -> {cand.total(c)} per step" for c in counters if cand.total(c) > base.total(c)]
+
+
+def attach(c, base: Signature | None, cand: Signature | None, no_growth=()):
+    """Comparison `c` with the facts of its two signatures (`differences`) and the counters of `no_growth` that
+    grew (which fail it); unchanged where either side was not counted."""
+    from dataclasses import replace
+
+    if c is None or base is None or cand is None:
+        return c
+    return replace(c, facts=tuple(differences(base, cand)), grown=tuple(grown(base, cand, no_growth)))
+
+
+def latest(runs) -> Signature | None:
+    """The signature of the latest of `runs` (measurements) that has one."""
+    counted = [r.signature for r in runs if getattr(r, "signature", None) is not None]
+    return counted[-1] if counted else None

@@ -1,0 +1,68 @@
+"""What a step does, counted exactly: one call of the step under a dispatch mode below autograd (so a backward's
+operators count too), after the measurement and outside every timed window, like the FLOP count. The record is
+`core.signature.Signature`."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from bench_core.core.signature import Signature
+
+# Operators that read a computed value back to the host: on a GPU each waits for the device (a synchronization);
+# on the CPU they are the same calls, counted the same way, so a CPU run already sees a sync a GPU run would pay for.
+HOST_READS = {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique_dim",
+              "aten._unique2", "aten.unique_consecutive", "aten.equal", "aten.is_nonzero"}
+COPIES = {"aten.copy_", "aten._to_copy", "aten.clone"}
+
+
+def _direction(src, dst) -> str:
+    s, d = src.device.type, dst.device.type
+    if s == d:
+        return "same device"
+    return "device to host" if d == "cpu" else ("host to device" if s == "cpu" else f"{s} to {d}")
+
+
+def record(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> Signature:
+    """One call of `fn` (after `setup`, uncounted) under a recorder of everything it dispatches."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    ops: dict[str, int] = {}
+    syncs: dict[str, int] = {}
+    copies: dict[str, int] = {}
+    copy_bytes: dict[str, int] = {}
+    alloc = [0, 0]
+
+    def tensors(x):
+        return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = str(func.overloadpacket)
+            ops[name] = ops.get(name, 0) + 1
+            ins = tensors((args, kwargs))
+            out = func(*args, **kwargs)
+            outs = tensors(out)
+            if name in HOST_READS or (name in COPIES and ins and outs and outs[0].device.type == "cpu"
+                                      and ins[-1].device.type != "cpu"):
+                syncs[name] = syncs.get(name, 0) + 1
+            if name in COPIES and ins and outs:
+                src = ins[-1] if name == "aten.copy_" else ins[0]
+                way = _direction(src, outs[0])
+                copies[way] = copies.get(way, 0) + 1
+                copy_bytes[way] = copy_bytes.get(way, 0) + src.nbytes
+            held = {t.untyped_storage().data_ptr() for t in ins if t.untyped_storage().nbytes()}
+            for t in outs:   # an output whose storage no input had: allocated by this operator
+                storage = t.untyped_storage()
+                if storage.nbytes() and storage.data_ptr() not in held:
+                    held.add(storage.data_ptr())
+                    alloc[0] += 1
+                    alloc[1] += storage.nbytes()
+            return out
+
+    if setup is not None:
+        setup()
+    with Recorder():
+        fn()
+    return Signature(ops, syncs, copies, copy_bytes, alloc[0], alloc[1])

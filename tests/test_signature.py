@@ -1,0 +1,123 @@
+"""Work signatures (#29): what a step does, counted exactly, and two of them compared as facts beside the timing."""
+import json
+
+import pytest
+import torch
+
+from bench_core.core.signature import Signature
+from bench_core.deciding.signature import differences, grown
+from bench_core.timing.signature import record
+
+A = torch.randn(64, 64)
+BIG = torch.randn(512, 512)     # 1 MB of float32
+
+
+def step():
+    return (A @ A).relu()
+
+
+def test_a_signature_counts_operators_and_is_the_same_on_every_call():
+    first, again = record(step), record(step)
+    assert first == again
+    assert first.operators["aten.mm"] == 1 and first.operators["aten.relu"] == 1
+    assert first.syncs == {} and first.allocations == 2 and first.allocated_bytes == 2 * 64 * 64 * 4
+
+
+@pytest.mark.parametrize("changed, fact", [
+    (lambda: (step(), float(A.sum().item())), "+1 synchronization(s) per step: aten._local_scalar_dense"),
+    (lambda: (step(), A @ A), "+1 aten.mm per step"),
+    (lambda: (step(), BIG.clone()), "+1 copies same device per step (+1.00 MB)"),
+])
+def test_each_change_of_what_a_step_does_is_named_exactly(changed, fact):
+    facts = differences(record(step), record(changed))
+    assert fact in facts
+    assert differences(record(step), record(step)) == []
+
+
+def test_an_extra_clone_is_an_allocation_and_counters_that_grew_are_named():
+    base, cand = record(step), record(lambda: (step(), BIG.clone()))
+    assert cand.allocations == base.allocations + 1 and cand.allocated_bytes - base.allocated_bytes == BIG.nbytes
+    assert grown(base, cand, ("syncs", "copies", "allocations")) == ["copies: 0 -> 1 per step",
+                                                                     f"allocations: {base.allocations} -> "
+                                                                     f"{cand.allocations} per step"]
+    assert grown(cand, base, ("copies",)) == []     # fewer is never growth
+
+
+def test_a_backward_counts_its_operators_too():
+    w = torch.randn(8, 8, requires_grad=True)
+    sig = record(lambda: (w @ w).sum().backward())
+    assert sig.operators["aten.mm"] >= 3     # the forward's, and the backward's two
+
+
+def test_a_signature_refuses_what_cannot_be_counts_and_survives_its_file_format():
+    with pytest.raises(ValueError, match="syncs must map names to non-negative integer counts"):
+        Signature(syncs={"aten._local_scalar_dense": -1})
+    with pytest.raises(ValueError, match="version 9 is not 1"):
+        Signature.from_dict({"version": 9})
+    sig = record(lambda: (step(), A.sum().item()))
+    assert Signature.from_dict(json.loads(json.dumps(sig.to_dict()))) == sig
+
+
+def test_a_stored_measurement_keeps_its_signature_and_a_bad_one_is_named(tmp_path):
+    from bench_core.core.errors import InvalidRecord
+    from bench_core.files import storage
+    from helpers import meas
+
+    m = meas([1.0, 1.1])
+    from dataclasses import replace
+
+    m = replace(m, signature=record(step))
+    back = storage.measurement_from_doc(json.loads(json.dumps(storage.measurement_doc(m))))
+    assert back.signature == m.signature
+    doc = storage.measurement_doc(m)
+    doc["signature"]["allocations"] = "two"
+    with pytest.raises(InvalidRecord, match="signature: work signature: allocations must be a non-negative"):
+        storage.measurement_from_doc(doc)
+
+
+SIDES = '''
+import torch
+from bench_core import Scenario
+
+A = torch.randn(64, 64)
+
+
+def test_step(bench):
+    def step():
+        y = (A @ A).relu()
+        {extra}
+    bench.run(Scenario("step", ("forward",)), step)
+'''
+
+
+def test_side_by_side_names_an_extra_sync_as_a_fact_and_no_growth_fails_it(pytester):
+    from test_plugin import committed
+
+    committed(pytester, test_s=SIDES.format(extra="pass"))
+    pytester.makepyfile(test_s=SIDES.format(extra="float(y.sum().item())"))
+    args = ("--bench-against", "HEAD", "--bench-quick", "--bench-no-out")
+    res = pytester.runpytest(*args, "--bench-signature")
+    out = " ".join(res.stdout.str().split())
+    assert "step: work signature: +1 synchronization(s) per step: aten._local_scalar_dense" in out
+    assert "step: work signature: +1 aten.sum per step" in out
+    res = pytester.runpytest(*args, "--bench-no-growth", "syncs")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'step': its work grew (syncs: 0 -> 1 per step); timing *"])
+
+
+def test_the_stored_gate_and_the_cli_name_the_same_facts(pytester, capsys):
+    from bench_core.shells.cli import main
+
+    pytester.makepyfile(test_s=SIDES.format(extra="pass"))
+    pytester.runpytest("--bench-save", "main", "--bench-signature", "--bench-quick",
+                       "--bench-no-out").assert_outcomes(passed=1)
+    pytester.makepyfile(test_s=SIDES.format(extra="A @ A"))
+    res = pytester.runpytest("--bench-compare", "main", "--bench-signature", "--bench-quick", "--bench-min-runs", "1")
+    out = " ".join(res.stdout.str().split())
+    assert "step: work signature: +1 aten.mm per step" in out
+    (path,) = (pytester.path / ".bench" / "results").glob("session-*.json")
+    capsys.readouterr()
+    code = main(["compare", str(pytester.path / "baselines" / "main.json"), str(path), "--json",
+                 "--no-growth", "operators"])
+    (c,) = json.loads(capsys.readouterr().out)
+    assert "+1 aten.mm per step" in c["facts"] and c["grown"] and code == 1
