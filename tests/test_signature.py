@@ -121,3 +121,23 @@ def test_the_stored_gate_and_the_cli_name_the_same_facts(pytester, capsys):
                  "--no-growth", "operators"])
     (c,) = json.loads(capsys.readouterr().out)
     assert "+1 aten.mm per step" in c["facts"] and c["grown"] and code == 1
+
+
+def test_process_mode_counts_each_side_in_its_own_server(pytester):
+    """Each side's server counts its own step, so a scenario compared in processes gets its facts too."""
+    from test_plugin import committed
+
+    committed(pytester, test_s=SIDES.format(extra="pass"))
+    pytester.makepyfile(test_s=SIDES.format(extra="float(y.sum().item())"))
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-against-processes", "--bench-quick",
+                             "--bench-out", "out", "--bench-no-growth", "syncs")
+    res.assert_outcomes(failed=1)
+    out = " ".join(res.stdout.str().split())
+    assert "step: work signature: +1 synchronization(s) per step: aten._local_scalar_dense" in out
+    assert "each side a pytest process of its own" in out
+    (path,) = (pytester.path / "out").glob("session-*.json")
+    (rec,) = json.loads(path.read_text())["against"]["scenarios"]
+    assert rec["comparison"]["grown"] == ["syncs: 0 -> 1 per step"]
+    ran = rec["code"]["processes_ran"]
+    assert ran["candidate"][0]["signature"]["syncs"] == {"aten._local_scalar_dense": 1}
+    assert ran["baseline"][0]["signature"]["syncs"] == {}

@@ -125,7 +125,14 @@ def serve(session, request, sizing, scenario, fn, kwargs):
             fn()
             if time.monotonic() > deadline:
                 break
+    def count():   # one step of this side, counted exactly, for the parent to compare with the other side's
+        from bench_core.timing.signature import record
+
+        try:
+            return {"signature": record(fn, setup).to_dict()}
+        except Exception as exc:  # noqa: BLE001 - not counted, and the parent says why
+            return {"signature_error": f"{type(exc).__name__}: {exc}"}
     state.ended_by = worker.serve_scenario(state.channel, name, build, Sampler(name, backend_for(device)), fork=fork,
                                            threads=session.config.threads, files=worker.loaded_files(state.roots),
-                                           warm=warm if fork else None)
+                                           warm=warm if fork else None, count=count if state.signature else None)
     pytest.skip(f"served scenario {name!r} to a side-by-side comparison")

@@ -69,6 +69,7 @@ class ServeState:
         init = self.channel.recv() or {}
         self.side, self.threads = init.get("side", "side"), init.get("threads")
         self.roots: list[str] = list(init.get("roots", []))
+        self.signature = bool(init.get("signature"))   # count the step's work signature before serving it
         self.requested: str | None = None   # the scenario the item under way is to serve
         self.served = False
         self.failure: str | None = None     # the item's own failure, when it had one
@@ -113,10 +114,12 @@ def can_fork(device: str) -> bool:
 
 
 def serve_scenario(channel: Channel, name: str, build: Callable[[], Any], sampler, *, fork: bool,
-                   threads: int | None, files: Mapping[str, str | None], warm: Callable[[], Any] | None = None) -> str:
+                   threads: int | None, files: Mapping[str, str | None], warm: Callable[[], Any] | None = None,
+                   count: Callable[[], Mapping[str, Any]] | None = None) -> str:
     """Serve scenario `name` until the parent says "done" (or "quit", or is gone: returned): each "round" a fresh
     instance from `build()` (a capture of the test, see `side_by_side.capture`), in a forked child where `fork`.
-    `warm()` runs first, untimed, in the server itself ("failed" is returned, and said, if it raises)."""
+    `warm()` runs first, untimed, in the server itself ("failed" is returned, and said, if it raises); then
+    `count()`, whose fields (the step's work signature) go to the parent with the "serving" line."""
     from bench_core.timing.sampling import set_threads
 
     if warm is not None:
@@ -125,7 +128,8 @@ def serve_scenario(channel: Channel, name: str, build: Callable[[], Any], sample
         except ScenarioError as exc:
             channel.send({"error": exc.problem})
             return "failed"
-    channel.send({"serving": name, "pid": os.getpid(), "fork": fork, "files": dict(files)})
+    counted = dict(count()) if count is not None else {}
+    channel.send({"serving": name, "pid": os.getpid(), "fork": fork, "files": dict(files), **counted})
     while True:
         doc = channel.recv()
         cmd = None if doc is None else doc.get("cmd")
@@ -225,7 +229,7 @@ class Worker:
             os.close(to_child)
             os.close(from_child)
         self.channel = Channel(to_parent, from_parent)
-        self._write({k: init[k] for k in ("side", "threads", "device", "roots")})
+        self._write({k: init.get(k) for k in ("side", "threads", "device", "roots", "signature")})
 
     @property
     def alive(self) -> bool:
@@ -247,7 +251,8 @@ class Worker:
             spec, self._spec = self._spec, None
             out = self._send({"cmd": "item", **spec}, "serving")
             self.ran = {"pid": out["pid"], "forked_rounds": out["fork"], "files": out["files"],
-                        "interpreter": self.init["python"], **self.environment, "tree": self.init["tree"]}
+                        "interpreter": self.init["python"], **self.environment, "tree": self.init["tree"],
+                        **{k: out[k] for k in ("signature", "signature_error") if k in out}}
 
     def round(self):
         """A fresh instance for a round; returns the scenario record it declared (or None)."""

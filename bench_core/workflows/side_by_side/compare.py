@@ -175,7 +175,8 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown")
         return _side_by_side(session, scenario, live, run, f"{how} x {pairs} pairs, each side a pytest process "
                                                            f"of its own, every round in freshly forked children",
-                             items, proof, None, None, looks, cold=cold)
+                             items, proof, None, None, looks, cold=cold,
+                             signatures=lambda: _served_signatures(session, scenario.name, ran))
     k, rounds = (a.quick_processes, 1) if quick else (a.processes, a.process_rounds)
 
     def run_pairs(go_on):
@@ -185,6 +186,22 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     return _side_by_side(session, scenario, live, run_pairs, f"{k} pairs of pytest processes x {rounds} rounds x "
                                                              f"{pairs} pairs (processes that cannot fork: a "
                                                              f"process is the unit)", items, proof, None, None)
+
+
+def _served_signatures(session, name: str, ran: Mapping[str, list]):
+    """(baseline, current) work signatures as each side's server counted them (None where it could not)."""
+    from bench_core.core.signature import Signature
+
+    out = []
+    for side in ("baseline", "candidate"):
+        report = ran[side][-1] if ran.get(side) else {}
+        if "signature" in report:
+            out.append(Signature.from_dict(report["signature"]))
+        else:
+            session.uncounted.append(f"{name} ({side}): work signature not counted: "
+                                     f"{report.get('signature_error', 'its server did not count it')}")
+            out.append(None)
+    return tuple(out)
 
 
 def _check_processes(name: str, ran: Mapping[str, list], loaded) -> None:
