@@ -37,7 +37,8 @@ def test_session_table_json_and_per_test_properties(bt):
     # what to do next, and whose the pytest-benchmark header line is
     res.stdout.fnmatch_lines(["bench_core: `bench` measures with bench_core's own sampler*`benchmark:` line above is "
                               "pytest-benchmark's*",
-                              "next: keep this run as a baseline (--bench-save NAME) and gate later runs*"])
+                              "next: keep this run as a baseline (--bench-save NAME), then gate later runs*"])
+    assert all(len(line) <= 120 for line in res.stdout.lines if line.startswith(("next:", "      ")))
     res.stdout.fnmatch_lines(["*bench_core results*", "alpha*50.000*2.000*4,000/s*",
                               "every row: device: cpu, threads: 1, timer: host, mode: per_call*n: 4, window mem: n/o",
                               "*results written to*session-*.json"])

@@ -107,8 +107,7 @@ def next_steps(s, saved: bool) -> list[str]:
     if c.compare or c.against or c.replica or c.serve or not s.results:
         return []
     if saved:
-        return [f"next: gate a later run against it: pytest benchmarks --bench-compare {c.save} (a baseline of runs "
-                f"recorded at different times is better: --bench-save {c.save} --bench-append)"]
-    return ["next: keep this run as a baseline (--bench-save NAME) and gate later runs against it (--bench-compare "
-            "NAME); on a shared runner, compare with a revision side by side instead (--bench-against origin/main). "
-            "docs/gate.md, docs/side-by-side.md"]
+        return [f"next: gate a later run against it: pytest benchmarks --bench-compare {c.save}",
+                f"      (runs recorded at different times make a better baseline: --bench-save {c.save} --bench-append)"]
+    return ["next: keep this run as a baseline (--bench-save NAME), then gate later runs (--bench-compare NAME);",
+            "      on a shared runner compare with a revision instead (--bench-against origin/main); docs/gate.md"]
