@@ -141,3 +141,42 @@ def test_process_mode_counts_each_side_in_its_own_server(pytester):
     ran = rec["code"]["processes_ran"]
     assert ran["candidate"][0]["signature"]["syncs"] == {"aten._local_scalar_dense": 1}
     assert ran["baseline"][0]["signature"]["syncs"] == {}
+
+
+def _compiled_step(body):
+    """A step compiled by torch.compile (the eager backend: dynamo's own graphs, no code generation)."""
+    x = torch.randn(16)
+
+    def f(x):
+        y = x.sin()
+        body(y)
+        return y.cos()
+    g = torch.compile(f, backend="eager")
+    return lambda: g(x)
+
+
+def test_a_graph_break_and_a_recompilation_per_call_are_named():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    plain = record(_compiled_step(lambda y: None))
+    assert plain.graphs == 1 and plain.graph_breaks == 0 and plain.recompiles == 0
+    torch._dynamo.reset()
+    broken = record(_compiled_step(lambda y: print("in forward")))
+    assert broken.graphs == 2 and broken.graph_breaks == 1 and broken.break_reasons
+    (fact,) = [f for f in differences(plain, broken) if f.startswith("graph breaks")]
+    assert fact.startswith("graph breaks 0 -> 1: ") and "print" in fact
+    assert grown(plain, broken, ("graph_breaks",)) == ["graph_breaks: 0 -> 1 per step"]
+
+    calls = [0]      # a Python int the graph specializes on (dynamic=False): its guard fails on every call
+    torch._dynamo.reset()
+    x = torch.randn(16)
+    g = torch.compile(lambda x, n: x * n, backend="eager", dynamic=False)
+
+    def step():
+        calls[0] += 1
+        return g(x, calls[0])
+    again = record(step)
+    assert again.recompiles == 1
+    assert "recompilations per call 0 -> 1" in differences(plain, again)
+    torch._dynamo.reset()

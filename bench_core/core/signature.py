@@ -1,6 +1,7 @@
 """A step's work signature, the record: the aten operators one step dispatches, by name and count; its host reads
 of computed values (each a synchronization on a GPU); its copies by direction, with their bytes; the tensors it
-allocates, with their bytes. Counted by `timing.signature.record`, compared by `deciding.signature`.
+allocates, with their bytes; under `torch.compile`, its graphs, graph breaks (by reason) and recompilations per call.
+Counted by `timing.signature.record`, compared by `deciding.signature`.
 
 A signature is a fact about the code, not a sample: two calls of the same code on the same inputs give the same
 one, whatever the machine's load. Version 1; the history is in docs/formats.md.
@@ -12,7 +13,8 @@ from typing import Any, Mapping
 
 SIGNATURE_VERSION = 1
 
-COUNTERS = ("syncs", "copies", "allocations", "operators")   # what a scenario may declare must not grow
+# what a session may declare must not grow (--bench-no-growth)
+COUNTERS = ("syncs", "copies", "allocations", "operators", "graph_breaks", "recompiles")
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,10 @@ class Signature:
     copy_bytes: Mapping[str, int] = field(default_factory=dict)   # direction -> bytes copied
     allocations: int = 0                                          # tensors with storage of their own
     allocated_bytes: int = 0
+    graphs: int = 0                                               # torch.compile: graphs of the first call
+    graph_breaks: int = 0                                         # torch.compile: breaks in the first call
+    break_reasons: tuple[str, ...] = ()                           # their reasons, one line each, distinct
+    recompiles: int = 0                                           # compilations in a call after the first
 
     def __post_init__(self):
         for name in ("operators", "syncs", "copies", "copy_bytes"):
@@ -31,22 +37,27 @@ class Signature:
                     not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) or v < 0
                     for k, v in value.items()):
                 raise ValueError(f"work signature: {name} must map names to non-negative integer counts")
-        for name in ("allocations", "allocated_bytes"):
+        for name in ("allocations", "allocated_bytes", "graphs", "graph_breaks", "recompiles"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"work signature: {name} must be a non-negative integer")
+        if not isinstance(self.break_reasons, (tuple, list)) or not all(isinstance(r, str) for r in self.break_reasons):
+            raise ValueError("work signature: break_reasons must be a list of strings")
+        object.__setattr__(self, "break_reasons", tuple(self.break_reasons))
 
     def total(self, counter: str) -> int:
         if counter == "operators":
             return sum(self.operators.values())
-        if counter == "allocations":
-            return self.allocations
+        if counter in ("allocations", "recompiles", "graphs", "graph_breaks"):
+            return getattr(self, counter)
         return sum(getattr(self, counter).values())
 
     def to_dict(self) -> dict:
         return {"version": SIGNATURE_VERSION, "operators": dict(sorted(self.operators.items())),
                 "syncs": dict(self.syncs), "copies": dict(self.copies), "copy_bytes": dict(self.copy_bytes),
-                "allocations": self.allocations, "allocated_bytes": self.allocated_bytes}
+                "allocations": self.allocations, "allocated_bytes": self.allocated_bytes, "graphs": self.graphs,
+                "graph_breaks": self.graph_breaks, "break_reasons": list(self.break_reasons),
+                "recompiles": self.recompiles}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "Signature":
@@ -54,4 +65,5 @@ class Signature:
             raise ValueError(f"work signature: version {doc.get('version') if isinstance(doc, Mapping) else doc!r} "
                              f"is not {SIGNATURE_VERSION}")
         return cls(**{k: doc[k] for k in ("operators", "syncs", "copies", "copy_bytes", "allocations",
-                                          "allocated_bytes") if k in doc})
+                                          "allocated_bytes", "graphs", "graph_breaks", "break_reasons",
+                                          "recompiles") if k in doc})

@@ -25,6 +25,13 @@ def differences(base: Signature, cand: Signature) -> list[str]:
         db = cand.allocated_bytes - base.allocated_bytes
         out.append(f"{cand.allocations - base.allocations:+d} allocations per step "
                    f"({'+' if db >= 0 else '-'}{_mb(abs(db))})")
+    if cand.graphs != base.graphs:
+        out.append(f"torch.compile graphs {base.graphs} -> {cand.graphs}")
+    if cand.graph_breaks != base.graph_breaks:
+        new = [r for r in cand.break_reasons if r not in base.break_reasons]
+        out.append(f"graph breaks {base.graph_breaks} -> {cand.graph_breaks}" + (f": {'; '.join(new)}" if new else ""))
+    if cand.recompiles != base.recompiles:
+        out.append(f"recompilations per call {base.recompiles} -> {cand.recompiles}")
     for op in sorted(set(base.operators) | set(cand.operators)):
         d = cand.operators.get(op, 0) - base.operators.get(op, 0)
         if d:

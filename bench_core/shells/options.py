@@ -138,8 +138,9 @@ def _options() -> tuple[Option, ...]:
         Option(SIGNATURE, "count each step's work signature once after its window (operators, host reads that "
                           "synchronize, copies, allocations) and compare it exactly with the baseline's or the "
                           "revision's: every difference is reported as a fact"),
-        Option(NO_GROWTH, "work-signature counters that must not grow (syncs,copies,allocations,operators): growth "
-                          "fails the scenario's item, no statistics needed; implies --bench-signature", str,
+        Option(NO_GROWTH, "work-signature counters that must not grow (syncs, copies, allocations, operators, "
+                          "graph_breaks, recompiles; comma-separated): growth fails the scenario's item, no "
+                          "statistics needed; implies --bench-signature", str,
                metavar="COUNTERS", cli="--no-growth"),
         Option(PEAK, "the device's peak for utilization (default: a known GPU's for the dtype, or on the CPU a matmul "
                      "peak measured once)", float, metavar="TFLOPS"),

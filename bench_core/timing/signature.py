@@ -61,8 +61,48 @@ def record(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> Sig
                     alloc[1] += storage.nbytes()
             return out
 
+    # plain calls first: under a dispatch mode torch.compile does not compile, and what a step does only once (an
+    # optimizer creating its state on its first step) belongs to the cold start, not to every step
+    compiled = _compiled(fn, setup)
     if setup is not None:
         setup()
     with Recorder():
         fn()
-    return Signature(ops, syncs, copies, copy_bytes, alloc[0], alloc[1])
+    return Signature(ops, syncs, copies, copy_bytes, alloc[0], alloc[1], **compiled)
+
+
+def _compiled(fn: Callable[[], Any], setup: Callable[[], Any] | None) -> dict:
+    """One plain call, and where torch.compile ran in it, its own counters: the graphs and graph breaks of that call
+    (their reasons by first line), and the compilations a second call needed (a recompilation per call). Empty for
+    code dynamo never saw."""
+    import sys
+
+    def call():
+        if setup is not None:
+            setup()
+        fn()
+
+    if sys.modules.get("torch._dynamo") is None:   # nothing was ever compiled in this process
+        call()
+        return {}
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    call()
+    frames = counters["frames"]["total"]
+    if not frames:
+        return {}
+    # dynamo counts a break's reason once per attempt to trace past it; each break leaves one resume function
+    reasons = sorted({_reason(r) for r in counters["graph_break"] if str(r).strip()})
+    breaks = int(sum(counters["resumes"].values()))
+    graphs = int(counters["stats"]["unique_graphs"])
+    call()
+    return {"graphs": graphs, "graph_breaks": breaks, "break_reasons": tuple(reasons),
+            "recompiles": int(counters["frames"]["total"] - frames)}
+
+
+def _reason(text) -> str:
+    """A graph break's reason in one line: its title and dynamo's explanation (which names the culprit)."""
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    explained = next((ln.removeprefix("Explanation:").strip() for ln in lines[1:] if ln.startswith("Explanation:")), "")
+    return (lines[0] + (f": {explained}" if explained else ""))[:200]
