@@ -180,3 +180,15 @@ def test_a_graph_break_and_a_recompilation_per_call_are_named():
     assert again.recompiles == 1
     assert "recompilations per call 0 -> 1" in differences(plain, again)
     torch._dynamo.reset()
+
+
+def test_a_profiler_pass_names_the_operators_whose_time_moved_with_their_calls():
+    from bench_core.workflows.diagnose.moved import moved, op_times
+
+    times = op_times(lambda: [(A @ A).relu() for _ in range(4)], calls=3)
+    assert times["aten::mm"][1] == 4 and times["aten::mm"][0] >= 0     # calls per step are counted exactly
+    base = {"aten::mm": (0.10, 4), "aten::relu": (0.02, 4), "aten::add": (0.05, 1)}
+    cand = {"aten::mm": (0.21, 8), "aten::relu": (0.02, 4), "aten::bmm": (0.30, 2)}
+    assert moved(base, cand, top=2) == ["aten::bmm +0.3 ms per step (0 -> 0.3 ms; calls 0 -> 2)",
+                                        "aten::mm +0.11 ms per step (0.1 -> 0.21 ms; calls 4 -> 8)"]
+    assert moved(base, base) == []

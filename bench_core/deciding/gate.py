@@ -168,6 +168,7 @@ class Comparison:
     slow_share: float | None = None        # two-level model: the machine's share of slow processes
     facts: tuple[str, ...] = ()            # how the two steps' work signatures differ, exactly, per step
     grown: tuple[str, ...] = ()            # counters that must not grow (--bench-no-growth) and grew: fails
+    moved: tuple[str, ...] = ()            # a slower/faster verdict's profiler pass: operators whose time moved
     # two-level model: the posterior of the change, which gives the interval once the level is decided; not stored
     posterior: Any = field(default=None, repr=False, compare=False)
 

@@ -260,6 +260,8 @@ def comparison_notes(comparisons: Sequence[Comparison]) -> list[str]:
     out = [f"{c.name}: warning: {n}" for c in comparisons for n in c.notes]
     out += [f"{c.name}: work signature: {f}" for c in comparisons for f in c.facts]
     out += [f"{c.name}: FAILS, grew (--bench-no-growth): {g}" for c in comparisons for g in c.grown]
+    out += [f"{c.name}: time moved (profiler pass after measuring, a hypothesis): {t}" for c in comparisons
+            for t in c.moved]
     return out + [f"{c.name}: achieved {_flops(c.achieved_flops[0], per_s=True)} -> "
                   f"{_flops(c.achieved_flops[1], per_s=True)} ({c.achieved_flops[1] / c.achieved_flops[0] - 1:+.1%}; "
                   f"counted FLOPs over the median step)" for c in comparisons if c.achieved_flops and c.achieved_flops[0] > 0]

@@ -13,6 +13,7 @@ from bench_core.core.scenario import Scenario
 from bench_core.deciding.gate import Comparison, decide_family, scenario_differences
 from bench_core.deciding.rounds import estimate_rounds
 from bench_core.deciding.sequential import planned_looks, possible_slowdown
+from bench_core.deciding.verdicts import FASTER, SLOWER
 from bench_core.timing.backends import CpuBackend, backend_for
 from bench_core.timing.counts import QUICK
 from bench_core.timing.protocol import SideError, on_side, run_processes, run_rounds, run_served, with_servers
@@ -109,6 +110,13 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
     looks, pairs = a.looks(quick), QUICK.pairs if quick else a.pairs
     build = {"candidate": lambda r: live if r == 0 else rebuild(r), "baseline": rev_build}
 
+    def explain():   # a slower or faster verdict: where the time moved, from one profiler pass of each side
+        from bench_core.workflows.diagnose.moved import moved, op_times
+
+        theirs = on_side("baseline", lambda: rev_build(-1))
+        dev = session.config.device
+        return tuple(moved(op_times(theirs.fn, theirs.setup, device=dev), op_times(live.fn, live.setup, device=dev)))
+
     def signatures():   # after the rounds: one step of each side, counted exactly (a fresh revision instance)
         from bench_core.workflows.counted_work import signature_of
 
@@ -124,7 +132,7 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
            f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
     return _side_by_side(session, scenario, live, sides, f"{how} x {pairs} pairs, fresh instances every round, one "
                                                          f"process", items, proof, clock, backend, looks,
-                         signatures=signatures)
+                         signatures=signatures, explain=explain)
 
 
 def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str, tuple[Mapping, Mapping]], *,
@@ -247,7 +255,7 @@ class _Judge:
 
 
 def _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks=(), cold=None,
-                  signatures=None):
+                  signatures=None, explain=None):
     a, dev = session.config.against, session.config.device
     scenario = scenario.with_metadata(device=dev)
     threads = set_threads(session.config.threads)
@@ -285,6 +293,11 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
         from bench_core.workflows.counted_work import with_facts
 
         c = with_facts(session, c, *counted)
+    if explain is not None and c.verdict in (SLOWER, FASTER) and not session.config.quick and clock is None:
+        try:
+            c = replace(c, moved=explain())
+        except Exception as exc:  # noqa: BLE001 - the verdict stands; the explanation says why it is missing
+            session.uncounted.append(f"{scenario.name}: no profiler pass: {type(exc).__name__}: {exc}")
     session.comparisons.append(c)
     rounds = [r.to_dict() for r in (res if isinstance(res, list) else [res])]
     session.against_records.append({"scenario": scenario.name, "comparison": c.to_dict(), "method": c.method,
