@@ -192,3 +192,29 @@ def test_a_profiler_pass_names_the_operators_whose_time_moved_with_their_calls()
     assert moved(base, cand, top=2) == ["aten::bmm +0.3 ms per step (0 -> 0.3 ms; calls 0 -> 2)",
                                         "aten::mm +0.11 ms per step (0.1 -> 0.21 ms; calls 4 -> 8)"]
     assert moved(base, base) == []
+
+
+def test_an_ab_names_how_the_two_steps_differ(pytester):
+    pytester.makepyfile(test_ab_signature_inner='''
+import torch
+
+A = torch.randn(32, 32)
+
+
+def plain():
+    A @ A
+
+
+def reading():
+    A @ A
+    A.sum().item()
+
+
+def test_two_ways(bench):
+    res = bench.ab("two_ways", plain, reading)
+    assert res.facts
+''')
+    res = pytester.runpytest("--bench-signature", "--bench-no-out")
+    res.assert_outcomes(passed=1)
+    out = " ".join(res.stdout.str().split())
+    assert "two_ways: work signature: +1 synchronization(s) per step: aten._local_scalar_dense" in out

@@ -315,7 +315,13 @@ def decisions_table(decisions, fmt: str = "simple", wide: bool = False) -> str:
 
 
 def work_lines(name: str, r) -> list[str]:
-    """An A/B's counted work in words: each side's achieved FLOP/s, and a warning when the counts differ."""
+    """An A/B's counted work in words: how its work signatures differ, each side's achieved FLOP/s, and a warning
+    when the FLOP counts differ."""
+    facts = [f"{name}: work signature: {f}" for f in getattr(r, "facts", ())]
+    return facts + _flop_lines(name, r)
+
+
+def _flop_lines(name: str, r) -> list[str]:
     f = r.flops or {}
     if set(f) != {"baseline", "candidate"} or not r.baseline_ms or not r.candidate_ms:
         return []

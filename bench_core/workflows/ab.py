@@ -71,6 +71,7 @@ class ABResult:
     state_hash: str | None = None
     environment: Mapping[str, Any] = field(default_factory=dict)
     flops: Mapping[str, int] = field(default_factory=dict)   # counted FLOPs per step, per side (absent: not counted)
+    facts: tuple[str, ...] = ()           # how the candidate's work signature differs from the baseline's, per step
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items()}
@@ -79,6 +80,7 @@ class ABResult:
         d["candidate_summary"] = summarize(self.candidate_ms).to_dict() if self.candidate_ms else None
         for k in ("cold_start_ms", "params", "identities", "environment", "flops"):
             d[k] = dict(d[k])
+        d["facts"] = list(self.facts)
         return d
 
     @property
@@ -256,7 +258,7 @@ def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[
     (`ab_rounds`): the interval then covers what each instance's allocations add.
     """
     from bench_core.timing.counts import QUICK
-    from bench_core.workflows.counted_work import count_sides
+    from bench_core.workflows.counted_work import count_sides, signature_facts
 
     decide = ab
     if rounds is not None:
@@ -278,5 +280,7 @@ def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[
     if session.config.count_flops:  # after the A/B, profiler-free: one more step of each side, counted
         res = replace(res, flops=count_sides(session, name, {"baseline": baseline, "candidate": candidate},
                                              factories=rounds is not None))
+    if session.config.signature:    # the same: what each side's step does, compared exactly
+        res = replace(res, facts=signature_facts(session, name, baseline, candidate, factories=rounds is not None))
     session.decisions.append((name, res))
     return res

@@ -70,3 +70,19 @@ def with_facts(session, c, base, cand):
     from bench_core.deciding.signature import attach
 
     return attach(c, base, cand, session.config.no_growth)
+
+
+def signature_facts(session, name: str, baseline, candidate, factories: bool) -> tuple[str, ...]:
+    """An A/B's two work signatures compared exactly (`factories`: each side is a factory of steps, built first);
+    empty where a side could not be counted, which the session says."""
+    from bench_core.deciding.signature import differences
+
+    sigs = []
+    for side, fn in (("baseline", baseline), ("candidate", candidate)):
+        try:
+            step = fn() if factories else fn
+        except Exception as exc:  # noqa: BLE001 - not counted, and says why; the A/B stands
+            session.uncounted.append(f"{name} ({side}): work signature not counted: {type(exc).__name__}: {exc}")
+            return ()
+        sigs.append(signature_of(session, name, step, None, side))
+    return () if None in sigs else tuple(differences(*sigs))
