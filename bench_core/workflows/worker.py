@@ -8,9 +8,10 @@ side's own tests with its own conftest files, fixtures, parameters and plugins. 
 line goes each way per step:
 
   parent -> server                     server -> parent
-  (first line) init                    {"ready": pid}                   after collection
+  (first line) init                    {"ready": pid, python, torch}   after collection
   {"cmd": "item", file, function,      {"serving": scenario, pid,      the item runs (fixtures, then the test) up
-   param_id, scenario}                  files: {path: sha256}}          to its bench.run for that scenario
+   param_id, scenario}                  files: {path: sha256},          to its bench.run for that scenario; the
+                                        signature: {...}}               step warmed once (and counted, if asked)
   {"cmd": "round"}                     {"built": scenario_doc, pid}    a fresh instance (see below)
   {"cmd": "sample"}                    {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`
   {"cmd": "end"}                       {"ended": status}               the round's instance goes
