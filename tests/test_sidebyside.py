@@ -163,7 +163,7 @@ def _worker_test(tmp_path, body):
     """A side's server for a test file in `tmp_path` whose test_w runs `body`: its init and the item it serves."""
     import sys
 
-    from bench_core.shells.serving import server_command
+    from bench_core.shells.replay import server_command
     from bench_core.workflows.worker import server_env
 
     f = tmp_path / "test_w.py"

@@ -21,9 +21,7 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     every other instance comes from calling the test function again (this tree's, and the revision's), in this
     process where both sides can share it faithfully, else each side in a pytest process of its own."""
     loaded, name, a = session.revision, scenario.name, session.config.against
-
-    def value_of(arg):
-        return request.node.funcargs[arg] if arg in request.node.funcargs else request.getfixturevalue(arg)
+    value_of = fixture_values(request)
 
     def rebuild(_round):
         return capture(request.function, value_of, sizing, "current tree", name)
@@ -59,6 +57,13 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"),
                                proof=loaded.proof(request.path, request.function, theirs),
                                clock=kwargs.get("clock"), backend=kwargs.get("backend"))
+
+
+def fixture_values(request):
+    """How a test called again gets each argument: its parameter, else its fixture's value in this session."""
+    def value_of(arg):
+        return request.node.funcargs[arg] if arg in request.node.funcargs else request.getfixturevalue(arg)
+    return value_of
 
 
 def _in_processes(session, request, scenario, live, path, function, kwargs, why):
@@ -136,7 +141,6 @@ def process_sides(session, request, name, path, function):
     """Each side's server (see `workflows.worker`) and the test item it serves, for process mode: the current
     tree's test in this interpreter, the revision's counterpart in the revision's tree (and in
     --bench-against-python's interpreter, when given)."""
-    from bench_core.shells.serving import server_command
     from bench_core.workflows.worker import import_roots, server_env
 
     loaded, c = session.revision, session.config
@@ -160,6 +164,18 @@ def process_sides(session, request, name, path, function):
     return {"candidate": side("candidate", loaded.current_root, Path(str(request.path)).resolve(),
                               request.function.__name__, sys.executable),
             "baseline": side("baseline", loaded.root, path, function, c.against.python or sys.executable)}
+
+
+def server_command(python: str, file: Path, tree: Path, inifile: Path | None, *, device: str, quick: bool,
+                   threads: int | None, timeout_s: float | None) -> list[str]:
+    """The pytest command of a side's server: that side's test file, collected in its own tree, measuring nothing
+    itself (no files, no gate)."""
+    argv = [python, "-m", "pytest", str(file), "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly",
+            f"--rootdir={tree}", opt.NO_OUT, f"{opt.THREADS}={'auto' if threads is None else threads}",
+            f"{opt.TIMEOUT}={timeout_s or 0}"]
+    argv += ["-c", str(inifile)] if inifile is not None and inifile.exists() else []
+    argv += [opt.GPU] if device == "cuda" else []
+    return argv + ([opt.QUICK] if quick else [])
 
 
 def replicator(session, request, name):

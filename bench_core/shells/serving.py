@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from bench_core.shells import options as opt
+from bench_core.shells.replay import fixture_values
 from bench_core.workflows.side_by_side.capture import capture
 
 
@@ -44,18 +43,6 @@ class _Hooks:
         report = outcome.get_result()
         if report.failed:   # what the parent is told went wrong
             self.session.serving.failure = str(report.longrepr)[-2000:]
-
-
-def server_command(python: str, file: Path, tree: Path, inifile: Path | None, *, device: str, quick: bool,
-                   threads: int | None, timeout_s: float | None) -> list[str]:
-    """The pytest command of a side's server: that side's test file, collected in its own tree, measuring nothing
-    itself (no files, no gate)."""
-    argv = [python, "-m", "pytest", str(file), "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly",
-            f"--rootdir={tree}", opt.NO_OUT, f"{opt.THREADS}={'auto' if threads is None else threads}",
-            f"{opt.TIMEOUT}={timeout_s or 0}"]
-    argv += ["-c", str(inifile)] if inifile is not None and inifile.exists() else []
-    argv += [opt.GPU] if device == "cuda" else []
-    return argv + ([opt.QUICK] if quick else [])
 
 
 def serve_items(items, state) -> None:
@@ -103,11 +90,8 @@ def serve(session, request, sizing, scenario, fn, kwargs):
         return None
     state.served = True
 
-    def value_of(arg):
-        return request.node.funcargs[arg] if arg in request.node.funcargs else request.getfixturevalue(arg)
-
     def build():
-        return capture(request.function, value_of, sizing, state.side, name)
+        return capture(request.function, fixture_values(request), sizing, state.side, name)
 
     device = session.config.device
     fork = worker.can_fork(device)
@@ -116,15 +100,13 @@ def serve(session, request, sizing, scenario, fn, kwargs):
     setup = kwargs.get("setup")
 
     def warm():
-        # forked children inherit what a call sets up once per process: kernels chosen, primitive caches (how many
-        # calls: worker.WARM_CALLS, and why)
-        deadline = time.monotonic() + worker.WARM_S
-        for _ in range(worker.WARM_CALLS):
-            if setup is not None:
-                setup()
-            fn()
-            if time.monotonic() > deadline:
-                break
+        # forked children inherit what a call sets up once per process (kernels chosen, primitive caches). One call:
+        # ten settled nanoGPT's children sooner but left memory-bound A/A comparisons sharing their server's
+        # allocator state (false calls 4/20 against 1/20; docs/side-by-side.md)
+        if setup is not None:
+            setup()
+        fn()
+
     def count():   # one step of this side, counted exactly, for the parent to compare with the other side's
         from bench_core.timing.signature import record
 

@@ -28,12 +28,18 @@ def count_sides(session, name: str, sides: dict[str, Callable[[], Any]], factori
     after the A/B; a side that cannot be built or counted says why."""
     from bench_core.timing.flops import count
 
+    return {side: w.flops for side, w in _each_side(session, name, sides, factories, count, "FLOPs").items()}
+
+
+def _each_side(session, name: str, sides: dict[str, Callable[[], Any]], factories: bool, counter, what: str) -> dict:
+    """`counter(step)` of one step of each side; a side whose step cannot be built or counted is left out, and the
+    session says why (the A/B stands)."""
     counted = {}
     for side, fn in sides.items():
         try:
-            counted[side] = count(fn() if factories else fn).flops
+            counted[side] = counter(fn() if factories else fn)
         except Exception as exc:  # noqa: BLE001 - not counted, and says why; the A/B stands
-            session.uncounted.append(f"{name} ({side}): FLOPs not counted: {type(exc).__name__}: {exc}")
+            session.uncounted.append(f"{name} ({side}): {what} not counted: {type(exc).__name__}: {exc}")
     return counted
 
 
@@ -76,13 +82,8 @@ def signature_facts(session, name: str, baseline, candidate, factories: bool) ->
     """An A/B's two work signatures compared exactly (`factories`: each side is a factory of steps, built first);
     empty where a side could not be counted, which the session says."""
     from bench_core.deciding.signature import differences
+    from bench_core.timing.signature import record
 
-    sigs = []
-    for side, fn in (("baseline", baseline), ("candidate", candidate)):
-        try:
-            step = fn() if factories else fn
-        except Exception as exc:  # noqa: BLE001 - not counted, and says why; the A/B stands
-            session.uncounted.append(f"{name} ({side}): work signature not counted: {type(exc).__name__}: {exc}")
-            return ()
-        sigs.append(signature_of(session, name, step, None, side))
-    return () if None in sigs else tuple(differences(*sigs))
+    sigs = _each_side(session, name, {"baseline": baseline, "candidate": candidate}, factories, record,
+                      "work signature")
+    return tuple(differences(sigs["baseline"], sigs["candidate"])) if len(sigs) == 2 else ()

@@ -82,10 +82,6 @@ class ServeState:
 
 
 _KEEP: list = []   # a forked child's scattered heap, alive until the child ends
-# a server's warming before it forks: this many calls of the step, or this long. One: ten settled nanoGPT's
-# children sooner but left memory-bound A/A comparisons sharing their server's allocator state (false calls 4/20
-# against 1/20 with one call; docs/side-by-side.md)
-WARM_CALLS, WARM_S = 1, 0.5
 
 
 def _scatter_heap(rng: random.Random) -> None:
