@@ -6,6 +6,7 @@ a parallel region with more threads hangs in OpenMP), the workload built once. B
 identical code in lock-step, ROUNDS rounds of PAIRS alternated pairs, in one of two modes:
   fork     each round, each server forks a child that builds the workload afresh and is timed, then exits
   forkpad  the same, the child first allocating memory of a random shape (placement drawn afresh per child)
+  forkpair the same, both children of a round drawing the same random shape (drawn afresh per round)
   inplace  each round, each server builds the workload afresh itself (what a worker process did before)
 A pair of servers gives one estimate (the mean of its round log ratios). Repeated over SERVERS pairs of servers,
 the spread of those estimates says where the bias lives: if each fork is fresh, it is the spread of one round over
@@ -47,7 +48,7 @@ warm = build(); warm(); warm()   # the server has run the workload once, as a fi
 out = os.fdopen(os.dup(1), "w", buffering=1)
 fn = None
 while True:
-    cmd = sys.stdin.readline().strip()
+    cmd, _, seed = sys.stdin.readline().strip().partition(" ")
     if cmd in ("", "quit"):
         break
     if cmd in ("fork", "forkpad"):
@@ -56,7 +57,7 @@ while True:
             if cmd == "forkpad":   # a heap of a random shape before the build: placement drawn afresh per child
                 import random, ctypes
                 libc = ctypes.CDLL(None)
-                rng = random.Random(os.getpid() ^ time.perf_counter_ns())
+                rng = random.Random(int(seed) if seed else os.getpid() ^ time.perf_counter_ns())
                 pads = [libc.malloc(rng.randint(1, 64) << rng.randint(4, 16)) for _ in range(rng.randint(1, 64))]
                 big = torch.empty(rng.randint(0, 1 << 22), dtype=torch.uint8)
             fn = build(); fn()
@@ -86,8 +87,10 @@ def pair_estimate(kind: str, mode: str, rounds: int, pairs: int, seed: int) -> l
     rng, out = random.Random(seed), []
     try:
         for _ in range(rounds):
+            shared = rng.getrandbits(62)
             for p in procs:
-                assert ask(p, {"fork": "fork", "forkpad": "forkpad"}.get(mode, "build")) == "ok"
+                cmd = {"fork": "fork", "forkpad": "forkpad", "forkpair": f"forkpad {shared}"}.get(mode, "build")
+                assert ask(p, cmd) == "ok"
             for p in procs:   # the first call of each, kept out
                 ask(p, "t")
             logs = []

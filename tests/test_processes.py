@@ -32,9 +32,9 @@ def test_step(bench, scale, dtype):
 '''
 
 
-def _against(pytester, *args):
-    res = pytester.runpytest(*args, "--bench-out", "out")
-    files = list((pytester.path / "out").glob("session-*.json"))
+def _against(pytester, *args, out="out"):
+    res = pytester.runpytest(*args, "--bench-out", out)
+    files = list((pytester.path / out).glob("session-*.json"))
     return res, (json.loads(files[0].read_text()) if files else None)
 
 
@@ -114,3 +114,77 @@ def test_a_side_that_loaded_the_other_trees_changed_file_is_named(tmp_path):
               str(other / "pkg" / "same.py"): file_sha256(other / "pkg" / "same.py"),
               str(own / "pkg" / "x.py"): None}
     assert crossed(loaded, own, other) == ["pkg/m.py"]   # the same content, or its own tree's file, is no crossing
+
+
+BUILDS = CONFTEST + '''
+import os
+import pytest
+
+LOG = {log!r}
+
+
+def _built(what):
+    with open(LOG, "a") as f:
+        f.write(f"{{what}} {{os.getpid()}} {{os.getcwd()}}\\n")
+
+
+@pytest.fixture(scope="module")
+def data():
+    _built("module")
+    return 1.0
+
+
+@pytest.fixture
+def model(data):
+    _built("function")
+    return data
+'''
+
+BUILDS_TEST = '''
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+
+def test_step(bench, model):
+    bench.run(Scenario("step", ("forward",)), work_on_shared_clock(model), clock=SHARED_CLOCK)
+'''
+
+
+def test_every_round_rebuilds_the_tests_own_fixtures_and_the_modules_are_built_once_per_side(pytester, tmp_path,
+                                                                                              monkeypatch):
+    """A round runs the test item afresh in its own forked child: a function-scoped fixture (the model a conftest
+    builds, the usual way) is built anew every round, while a module-scoped one stays built in the side's server,
+    as between the tests of one session. The servers' glibc malloc thresholds are pinned, and the record says so."""
+    from bench_core.timing.counts import QUICK
+    from bench_core.workflows.worker import PINNED_MALLOC
+
+    for name in PINNED_MALLOC:
+        monkeypatch.delenv(name, raising=False)
+    log = tmp_path / "builds.log"
+    pytester.makeconftest(BUILDS.format(log=str(log)))
+    pytester.makepyfile(test_p=BUILDS_TEST)
+    commit_all(pytester.path)
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick")
+    res.assert_outcomes(passed=1)
+    (rec,) = doc["against"]["scenarios"]
+    assert "glibc malloc thresholds pinned" in rec["method"]
+    ran = rec["code"]["processes_ran"]
+    servers = {side: r[0]["pid"] for side, r in ran.items()}
+    assert all(r[0]["malloc"] == PINNED_MALLOC for r in ran.values())
+    import os
+
+    # the session's own build (this process: pytester runs in it) gives the current side's live instance
+    builds = [b for b in (line.split() for line in log.read_text().splitlines()) if int(b[1]) != os.getpid()]
+    for side, pid in servers.items():
+        tree = ran[side][0]["tree"]
+        here = [(what, int(p)) for what, p, cwd in builds if cwd == tree]
+        assert [w for w, p in here if p == pid] == ["module", "function"]   # the item's first run, in the server
+        rounds = [p for w, p in here if w == "function" and p != pid]
+        assert len(rounds) == len(set(rounds)) == QUICK.rounds            # one fresh child per round
+        assert not [p for w, p in here if w == "module" and p != pid]
+
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick",
+                        "--bench-against-malloc", "as-is", out="out-as-is")
+    (rec,) = doc["against"]["scenarios"]
+    assert "malloc" not in rec["method"]
+    assert all(r[0]["malloc"] == {} for r in rec["code"]["processes_ran"].values())

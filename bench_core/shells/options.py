@@ -65,6 +65,7 @@ AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-
 NPROC, NNODES, NODE_RANK, RDZV = "--bench-nproc", "--bench-nnodes", "--bench-node-rank", "--bench-rdzv-endpoint"
 PB_JSON, REF_SAVE, REFS, REPLICA = "--bench-pb-json", "--bench-ref-save", "--bench-references", "--bench-replica"
 AGAINST_PROCESSES, AGAINST_PYTHON, SERVE = "--bench-against-processes", "--bench-against-python", "--bench-serve"
+AGAINST_MALLOC = "--bench-against-malloc"
 PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK = ("--bench-profile", "--bench-profile-shapes",
                                                           "--bench-profile-memory", "--bench-profile-stack")
 PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE = ("--bench-profile-flops", "--bench-profile-tensorboard",
@@ -86,6 +87,10 @@ def _against_options() -> tuple[Option, ...]:
         Option(AGAINST_PYTHON, "run the revision's side in this interpreter (another virtual environment: did the "
                                "torch upgrade slow my model?); alone, without --bench-against, the revision is this "
                                "tree, so the two sides differ only in their environments", str, metavar="PYTHON"),
+        Option(AGAINST_MALLOC, f"with --bench-against, in process mode ({a('malloc')}): 'pinned' fixes glibc "
+                               f"malloc's thresholds in both sides' processes, so that a process does not draw its own "
+                               f"way of reusing freed memory (an 11-13% spread per round on a memory-bound step, "
+                               f"docs/side-by-side.md); 'as-is' leaves them to glibc", str, choices=("pinned", "as-is")),
         Option(SERVE, "(used by --bench-against's process mode) serve test items to the process that started this "
                       "one, over pipe descriptors R,W", str, metavar="R,W"),
         Option(MAX_ROUNDS, "with --bench-against: a possible slowdown the first look leaves undecided runs on, a look "
@@ -262,7 +267,8 @@ def against_config(value: Values):
                              f"environment's python, e.g. ../venv-torch212/bin/python)")
         python = str(Path(found).absolute())
     return AgainstConfig(value(AGAINST), **{k: v for k, v in kw.items() if v is not None},
-                         processes_only=value(AGAINST_PROCESSES), python=python)
+                         processes_only=value(AGAINST_PROCESSES), python=python,
+                         **({"malloc": value(AGAINST_MALLOC)} if value(AGAINST_MALLOC) is not None else {}))
 
 
 def no_growth(text: str | None) -> tuple[str, ...]:

@@ -156,7 +156,7 @@ def process_sides(session, request, name, path, function):
                               moved(ini) if inside(ini) else None, device=c.device, quick=c.quick,
                               threads=c.threads, timeout_s=c.timeout_s)
         init = {"side": label, "tree": str(tree), "python": python, "file": str(file), "roots": trees,
-                "threads": c.threads, "device": c.device, "argv": argv, "env": server_env(roots),
+                "threads": c.threads, "device": c.device, "argv": argv, "env": server_env(roots, c.against.malloc),
                 "signature": c.signature}
         spec = {"scenario": name, "file": str(file), "function": func,
                 "param_id": getattr(getattr(request.node, "callspec", None), "id", None)}

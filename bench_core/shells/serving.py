@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from bench_core.shells.replay import fixture_values
-from bench_core.workflows.side_by_side.capture import capture
 
 
 def start(config, session) -> None:
@@ -47,10 +45,12 @@ class _Hooks:
 
 def serve_items(items, state) -> None:
     """A side's server (`--bench-serve`): run the test items the parent asks for, one at a time, each up to its
-    bench.run for the scenario asked for, which serves it (`serve`)."""
+    bench.run for the scenario asked for (warmed and counted there, see `serve`), then its rounds, each a run of
+    the item afresh."""
     torch = sys.modules.get("torch")
     state.channel.send({"ready": os.getpid(), "python": platform.python_version(),
-                        "torch": getattr(torch, "__version__", None)})
+                        "torch": getattr(torch, "__version__", None),
+                        "malloc": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}})
     while True:
         doc = state.channel.recv()
         if doc is None or doc.get("cmd") == "quit":
@@ -65,37 +65,46 @@ def serve_items(items, state) -> None:
             state.channel.send({"error": f"{len(found)} test items here match {Path(doc['file']).name}::"
                                          f"{doc['function']}[{doc.get('param_id')}] (collected: {len(items)})"})
             continue
+        item = found[0]
+
+        def run_item(item=item):
+            # nextitem, the item's parent: a run tears down only the item itself, so the module's and the session's
+            # fixtures stay built in the server, as they stay between the tests of one session, and a round
+            # rebuilds what the test builds for itself (its function-scoped fixtures, then its body)
+            item.ihook.pytest_runtest_protocol(item=item, nextitem=item.parent)
         state.begin(doc["scenario"])
-        found[0].ihook.pytest_runtest_protocol(item=found[0], nextitem=None)
-        if state.ended_by == "quit":
-            return
+        run_item()
         if state.ended_by == "failed":   # said already
             continue
-        if state.served:
-            state.channel.send({"item_done": doc["scenario"], "served": True})
-        else:
-            state.channel.send({"error": f"{found[0].nodeid} did not reach bench.run for scenario "
-                                         f"{doc['scenario']!r}: {state.failure or 'it never measured it'}"})
+        if not state.reached:
+            state.channel.send({"error": state.missed(item.nodeid)})
+            continue
+        from bench_core.workflows.worker import serve_rounds
+
+        if serve_rounds(state, run_item, item.nodeid) == "quit":
+            return
+        state.channel.send({"item_done": doc["scenario"], "served": True})
 
 
 def serve(session, request, sizing, scenario, fn, kwargs):
-    """bench.run inside a side's server: the scenario asked for is served until the parent is done with it; any
-    other scenario of the test is passed over (None)."""
+    """bench.run inside a side's server: the scenario asked for is warmed and counted on the item's first run, and
+    each later run of the item serves one round of it; any other scenario of the test is passed over (None)."""
     from bench_core.timing.backends import backend_for
     from bench_core.timing.sampling import Sampler, set_threads
     from bench_core.workflows import worker
+    from bench_core.workflows.side_by_side.capture import instance_from
 
     state, name = session.serving, scenario.name
-    if name != state.requested or state.served:
+    if name != state.requested or state.reached:
         return None
-    state.served = True
-
-    def build():
-        return capture(request.function, fixture_values(request), sizing, state.side, name)
-
+    state.reached = True
     device = session.config.device
-    fork = worker.can_fork(device)
-    if not fork:
+    sampler = Sampler(name, backend_for(device))
+    if state.round:
+        state.ended_by = worker.serve_round(state.channel, instance_from(fn, kwargs, scenario), sampler)
+        pytest.skip(f"served a round of scenario {name!r} to a side-by-side comparison")
+    state.fork = worker.can_fork(device)
+    if not state.fork:
         set_threads(session.config.threads)
     setup = kwargs.get("setup")
 
@@ -114,7 +123,6 @@ def serve(session, request, sizing, scenario, fn, kwargs):
             return {"signature": record(fn, setup).to_dict()}
         except Exception as exc:  # noqa: BLE001 - not counted, and the parent says why
             return {"signature_error": f"{type(exc).__name__}: {exc}"}
-    state.ended_by = worker.serve_scenario(state.channel, name, build, Sampler(name, backend_for(device)), fork=fork,
-                                           threads=session.config.threads, files=worker.loaded_files(state.roots),
-                                           warm=warm if fork else None, count=count if state.signature else None)
-    pytest.skip(f"served scenario {name!r} to a side-by-side comparison")
+    state.ended_by = worker.first_run(state.channel, name, sampler, fork=state.fork, files=worker.loaded_files(state.roots),
+                                      warm=warm if state.fork else None, count=count if state.signature else None)
+    pytest.skip(f"warmed scenario {name!r} for a side-by-side comparison")

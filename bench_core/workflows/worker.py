@@ -8,23 +8,27 @@ side's own tests with its own conftest files, fixtures, parameters and plugins. 
 line goes each way per step:
 
   parent -> server                     server -> parent
-  (first line) init                    {"ready": pid, python, torch}   after collection
-  {"cmd": "item", file, function,      {"serving": scenario, pid,      the item runs (fixtures, then the test) up
-   param_id, scenario}                  files: {path: sha256},          to its bench.run for that scenario; the
+  (first line) init                    {"ready": pid, python, torch,   after collection
+                                        malloc: {MALLOC_* variables}}
+  {"cmd": "item", file, function,      {"serving": scenario, pid,      the item's first run (fixtures, then the test)
+   param_id, scenario}                  fork, files: {path: sha256},    up to its bench.run for that scenario: the
                                         signature: {...}}               step warmed once (and counted, if asked)
-  {"cmd": "round"}                     {"built": scenario_doc, pid}    a fresh instance (see below)
+  {"cmd": "round"}                     {"built": scenario_doc, pid}    the item run afresh up to its bench.run
   {"cmd": "sample"}                    {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`
-  {"cmd": "end"}                       {"ended": status}               the round's instance goes
-  {"cmd": "done"}                      {"item_done": ..., "served"}    bench.run returns; the item ends
+  {"cmd": "end"}                       {"ended": status}               the round's run of the item ends
+  {"cmd": "done"}                      {"item_done": ..., "served"}    the item is done with
   {"cmd": "quit"}                      -                               the server ends
 
-A round's fresh instance is built in a child forked from the server (`fork`), where the server may fork: the child
-first lays out a heap of a random shape, then calls the test again. Forked children are cheap (the server has
-imported torch and the side's code once), and measured to carry a fresh bias each, where the same process
-rebuilding its instance keeps its own (`quality/fork_bias.py`, docs/side-by-side.md): a round in a forked child is
-then a unit of evidence as a round in one process is. The server runs one torch thread until it forks (a child of
-a process that ran OpenMP on more threads hangs), and the child takes the session's count. A server that has
-initialized CUDA cannot fork; it builds each round's instance itself, and its process is then the unit.
+Each round runs the test item afresh: its function-scoped fixtures, then the test, whose bench.run serves the
+round (the module's and the session's fixtures stay built in the server, as between the tests of a session). It
+runs in a child forked from the server, where the server may fork: the child first lays out a heap of a random
+shape, then runs the item. Forked children are cheap (the server has imported torch and the side's code once),
+and measured to carry a fresh bias each, where the same process rebuilding its instance keeps its own
+(`quality/fork_bias.py`, docs/side-by-side.md): a round in a forked child is then a unit of evidence as a round in
+one process is. The server runs one torch thread until it forks (a child of a process that ran OpenMP on more
+threads hangs), and the child takes the session's count. A server that has initialized CUDA cannot fork; it runs
+each round's item itself, and its process is then the unit. The servers' environment fixes glibc malloc's
+thresholds (`PINNED_MALLOC`), unless the user set them or asked otherwise (--bench-against-malloc as-is).
 Failures come back as {"error": "..."}.
 """
 from __future__ import annotations
@@ -72,13 +76,23 @@ class ServeState:
         self.roots: list[str] = list(init.get("roots", []))
         self.signature = bool(init.get("signature"))   # count the step's work signature before serving it
         self.requested: str | None = None   # the scenario the item under way is to serve
-        self.served = False
-        self.failure: str | None = None     # the item's own failure, when it had one
-
-        self.ended_by: str | None = None    # how serving the item's scenario ended: "done", "quit", "failed"
+        self.round = False                  # this run of the item serves a round (else: it warms and counts)
+        self.reached = False                # this run of the item reached bench.run for the scenario asked for
+        self.fork = True                    # rounds in forked children (decided by the item's first run)
+        self.failure: str | None = None     # this run's own failure, when it had one
+        self.ended_by: str | None = None    # how this run's serving ended: "end", "quit", "failed"
 
     def begin(self, scenario: str) -> None:
-        self.requested, self.served, self.failure, self.ended_by = scenario, False, None, None
+        self.requested, self.round = scenario, False
+        self.again()
+
+    def again(self, round_: bool = False) -> None:
+        """Before each run of the item: its first (`round_` False), or one serving a round."""
+        self.round, self.reached, self.failure, self.ended_by = round_, False, None, None
+
+    def missed(self, nodeid: str) -> str:
+        return (f"{nodeid} did not reach bench.run for scenario {self.requested!r}"
+                f"{' in a round' if self.round else ''}: {self.failure or 'it never measured it'}")
 
 
 _KEEP: list = []   # a forked child's scattered heap, alive until the child ends
@@ -110,15 +124,11 @@ def can_fork(device: str) -> bool:
     return torch is None or not torch.cuda.is_initialized()
 
 
-def serve_scenario(channel: Channel, name: str, build: Callable[[], Any], sampler, *, fork: bool,
-                   threads: int | None, files: Mapping[str, str | None], warm: Callable[[], Any] | None = None,
-                   count: Callable[[], Mapping[str, Any]] | None = None) -> str:
-    """Serve scenario `name` until the parent says "done" (or "quit", or is gone: returned): each "round" a fresh
-    instance from `build()` (a capture of the test, see `side_by_side.capture`), in a forked child where `fork`.
-    `warm()` runs first, untimed, in the server itself ("failed" is returned, and said, if it raises); then
-    `count()`, whose fields (the step's work signature) go to the parent with the "serving" line."""
-    from bench_core.timing.sampling import set_threads
-
+def first_run(channel: Channel, name: str, sampler, *, fork: bool, files: Mapping[str, str | None],
+              warm: Callable[[], Any] | None, count: Callable[[], Mapping[str, Any]] | None) -> str:
+    """The item's first run in the server, at its bench.run: `warm()` untimed (forked children then inherit what a
+    call sets up once per process: kernels chosen, primitive caches), then `count()`, whose fields (the step's work
+    signature) go to the parent with the "serving" line. Returns "served", or "failed" (said)."""
     if warm is not None:
         try:
             sampler.call("the server's warming call", warm)
@@ -127,6 +137,16 @@ def serve_scenario(channel: Channel, name: str, build: Callable[[], Any], sample
             return "failed"
     counted = dict(count()) if count is not None else {}
     channel.send({"serving": name, "pid": os.getpid(), "fork": fork, "files": dict(files), **counted})
+    return "served"
+
+
+def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -> str:
+    """Rounds of the item's scenario until the parent says "done" (or "quit", or is gone): returned. Each "round"
+    runs the test item afresh (`run_item`: its function-scoped fixtures, then the test, whose bench.run serves the
+    round with `serve_round`), in a child forked from this server where `state.fork`."""
+    from bench_core.timing.sampling import set_threads
+
+    channel = state.channel
     while True:
         doc = channel.recv()
         cmd = None if doc is None else doc.get("cmd")
@@ -135,19 +155,26 @@ def serve_scenario(channel: Channel, name: str, build: Callable[[], Any], sample
         if cmd != "round":
             channel.send({"error": f"{cmd!r} outside a round"})
             continue
-        if not fork:
-            if _serve_round(channel, build, sampler) == "quit":
+        state.again(round_=True)
+        if not state.fork:
+            run_item()
+            if state.ended_by == "quit":
                 return "quit"
+            if not state.reached:
+                channel.send({"error": state.missed(nodeid)})
             channel.send({"ended": 0})
             continue
         pid = os.fork()
-        if pid == 0:   # the child: never returns into pytest
+        if pid == 0:   # the child: never returns into the server's loop
             code = 0
             try:
                 _die_with_parent()
                 _scatter_heap(random.Random(int.from_bytes(os.urandom(8), "little")))
-                set_threads(threads)
-                code = _QUIT_STATUS if _serve_round(channel, build, sampler) == "quit" else 0
+                set_threads(state.threads)
+                run_item()
+                if not state.reached:
+                    channel.send({"error": state.missed(nodeid)})
+                code = _QUIT_STATUS if state.ended_by == "quit" else 0
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
@@ -159,16 +186,11 @@ def serve_scenario(channel: Channel, name: str, build: Callable[[], Any], sample
 _QUIT_STATUS = 75   # a round's child ending on the parent's "quit": the server ends too
 
 
-def _serve_round(channel: Channel, build: Callable[[], Any], sampler) -> str:
-    """One round's instance, sampled until another command than "sample" comes (returned; "quit" when the parent
-    is gone)."""
+def serve_round(channel: Channel, inst, sampler) -> str:
+    """One round's instance (`inst`, this run of the test's), sampled until another command than "sample" comes
+    (returned; "quit" when the parent is gone)."""
     from bench_core.files.storage import scenario_doc
 
-    try:
-        inst = build()
-    except ScenarioError as exc:
-        channel.send({"error": exc.problem})
-        return "end"
     channel.send({"built": None if inst.scenario is None else scenario_doc(inst.scenario), "pid": os.getpid()})
     if inst.clock is not None:   # the clock the test asked for (a test's fake), as in one process
         sampler = type(sampler)(sampler.scenario, sampler.backend, inst.clock)
@@ -242,7 +264,7 @@ class Worker:
         # importing torch and collecting on a loaded runner takes seconds: a slow start is not a hang
         if not self._started:
             out = self._read("ready", timeout_s=max(self.timeout_s, children.STARTUP_S))
-            self.environment = {k: out.get(k) for k in ("python", "torch")}
+            self.environment = {k: out.get(k) for k in ("python", "torch", "malloc")}
             self._started = True
         if self._spec is not None:
             spec, self._spec = self._spec, None
@@ -385,10 +407,21 @@ class WorkerPool:
             self.discard(key)
 
 
-def server_env(roots: list[str]) -> dict[str, str]:
+# glibc decides per process whether a freed large block is kept for reuse or returned to the system (and faulted in
+# again on the next allocation): its thresholds move with the process's own history. Each forked round drew its own
+# way (an 11-13% spread of one round's ratio on a memory-bound step, 1.8-3.9% with these fixed: quality/fork_bias.py,
+# docs/side-by-side.md). Fixed, blocks up to 32 MB (glibc's largest dynamic threshold) come from the heap and
+# freed memory is kept, as in a long-running process that has warmed up; larger ones are mapped afresh, as always.
+PINNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+
+
+def server_env(roots: list[str], malloc: str = "pinned") -> dict[str, str]:
     """The server's environment: its tree's import roots first, so the project's modules come from that tree even
-    where the project is installed (editable) from the current one."""
+    where the project is installed (editable) from the current one; glibc malloc's thresholds fixed (`malloc`
+    "pinned"), unless the user set them."""
     env = dict(os.environ)
+    if malloc == "pinned" and not any(k in env for k in PINNED_MALLOC):
+        env.update(PINNED_MALLOC)
     env["PYTHONPATH"] = os.pathsep.join(roots + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     for name in ("PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST"):   # the session's own, not the side's
         env.pop(name, None)

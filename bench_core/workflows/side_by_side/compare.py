@@ -44,6 +44,7 @@ class AgainstConfig:
     process_rounds: int = 2  # worker mode: rounds of fresh instances in each pair
     processes_only: bool = False   # every scenario in process mode, not only where one process cannot hold both
     python: str | None = None      # the revision's side in this interpreter (another environment)
+    malloc: str = "pinned"         # process mode: glibc malloc's thresholds fixed in both sides' servers, or "as-is"
 
     def __post_init__(self):
         if self.rounds < 3 or self.pairs < 1:
@@ -53,6 +54,8 @@ class AgainstConfig:
             raise ValueError(f"--bench-worker-pairs needs at least 3 pairs of processes, got "
                              f"{min(self.processes, self.quick_processes)} (the interval comes from the spread between "
                              f"pairs)")
+        if self.malloc not in ("pinned", "as-is"):
+            raise ValueError(f"--bench-against-malloc must be 'pinned' or 'as-is', got {self.malloc!r}")
         if self.max_rounds is None:
             object.__setattr__(self, "max_rounds", 3 * self.rounds)
         if self.max_rounds < self.rounds:
@@ -151,6 +154,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     proof = dict(proof or {})
     ran = proof["processes_ran"] = {side: [] for side in sides}    # each server's own word on what it loaded
     pairs = QUICK.pairs if quick else a.pairs
+    malloc = ", glibc malloc thresholds pinned" if a.malloc == "pinned" else ""
     sampler = Sampler(scenario.name, CpuBackend())
     spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
 
@@ -182,7 +186,8 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
         how = (f"{looks[0]} rounds" if len(looks) == 1 else
                f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown")
         return _side_by_side(session, scenario, live, run, f"{how} x {pairs} pairs, each side a pytest process "
-                                                           f"of its own, every round in freshly forked children",
+                                                           f"of its own, every round in freshly forked children"
+                                                           f"{malloc}",
                              items, proof, None, None, looks, cold=cold,
                              signatures=lambda: _served_signatures(session, scenario.name, ran))
     k, rounds = (a.quick_processes, 1) if quick else (a.processes, a.process_rounds)
@@ -193,7 +198,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
         return res
     return _side_by_side(session, scenario, live, run_pairs, f"{k} pairs of pytest processes x {rounds} rounds x "
                                                              f"{pairs} pairs (processes that cannot fork: a "
-                                                             f"process is the unit)", items, proof, None, None)
+                                                             f"process is the unit){malloc}", items, proof, None, None)
 
 
 def _served_signatures(session, name: str, ran: Mapping[str, list]):
