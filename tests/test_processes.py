@@ -188,3 +188,55 @@ def test_every_round_rebuilds_the_tests_own_fixtures_and_the_modules_are_built_o
     (rec,) = doc["against"]["scenarios"]
     assert "malloc" not in rec["method"]
     assert all(r[0]["malloc"] == {} for r in rec["code"]["processes_ran"].values())
+
+
+SIZED = CONFTEST + '''
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--size", default="1", help="the model's size")
+    parser.addoption("--tiny", action="store_true")
+
+
+@pytest.fixture
+def size(request):
+    return float(request.config.getoption("--size")) * (0.5 if request.config.getoption("--tiny") else 1.0)
+'''
+
+SIZED_TEST = '''
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+
+def test_step(bench, size):
+    bench.run(Scenario("step", ("forward",)), work_on_shared_clock(size), clock=SHARED_CLOCK)
+'''
+
+
+def test_the_sessions_own_options_reach_both_sides_servers(pytester, monkeypatch):
+    """A conftest's custom option (a model size) given to the session reaches each side's server as typed, from the
+    command line and from PYTEST_ADDOPTS; selection options (-k) stay the session's. A revision whose conftest
+    lacks the option is not compared, with pytest's own usage error."""
+    pytester.makeconftest(SIZED)
+    pytester.makepyfile(test_p=SIZED_TEST)
+    commit_all(pytester.path)
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--tiny")
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick",
+                        "--size", "6", "-k", "step")
+    res.assert_outcomes(passed=1)
+    (rec,) = doc["against"]["scenarios"]
+    for side in ("baseline", "candidate"):
+        assert rec["code"]["processes_ran"][side][0]["forwarded"] == ["--tiny", "--size", "6"]
+        samples = [s[0] for r in rec["rounds"]["samples_host_gpu_ms"][side] for s in r]
+        assert samples and all(ms == pytest.approx(3.0, rel=0.05) for ms in samples)   # 6 x 0.5 ms, fake clock
+
+    monkeypatch.delenv("PYTEST_ADDOPTS")
+    pytester.makeconftest(SIZED.replace('parser.addoption("--tiny", action="store_true")', "pass"))
+    commit_all(pytester.path, "no --tiny")
+    pytester.makeconftest(SIZED)   # the working tree has it, the revision has not
+    res, _ = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick",
+                      "--tiny", out="out-missing")
+    out = " ".join(res.stdout.str().split())
+    assert "not compared: HEAD" in out and "unrecognized arguments: --tiny" in out
+

@@ -4,6 +4,8 @@ mode), or run again as a whole by pytest in a fresh process (the stored gate's r
 request here; what pytest knows (its fixtures, its parameters, its file) is read here and nowhere else."""
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -147,6 +149,7 @@ def process_sides(session, request, name, path, function):
     here = Path(str(request.config.rootpath)).resolve()
     ini = Path(str(request.config.inipath)).resolve() if request.config.inipath else None
     trees = [str(loaded.current_root), str(loaded.root)]
+    forwarded = forwarded_args(request.config)
 
     def side(label, tree, file, func, python):
         moved = (lambda p: tree / p.relative_to(loaded.current_root)) if tree != loaded.current_root else (lambda p: p)
@@ -154,8 +157,9 @@ def process_sides(session, request, name, path, function):
         roots = import_roots(loaded.current_root, tree)
         argv = server_command(python, file, moved(here) if inside(here) else tree,
                               moved(ini) if inside(ini) else None, device=c.device, quick=c.quick,
-                              threads=c.threads, timeout_s=c.timeout_s)
+                              threads=c.threads, timeout_s=c.timeout_s) + forwarded
         init = {"side": label, "tree": str(tree), "python": python, "file": str(file), "roots": trees,
+                "forwarded": forwarded,
                 "threads": c.threads, "device": c.device, "argv": argv, "env": server_env(roots, c.against.malloc),
                 "signature": c.signature}
         spec = {"scenario": name, "file": str(file), "function": func,
@@ -164,6 +168,39 @@ def process_sides(session, request, name, path, function):
     return {"candidate": side("candidate", loaded.current_root, Path(str(request.path)).resolve(),
                               request.function.__name__, sys.executable),
             "baseline": side("baseline", loaded.root, path, function, c.against.python or sys.executable)}
+
+
+# pytest's own options that change how a side's code runs, forwarded as typed; the rest of pytest's (selection,
+# reporting, debugging) are the session's, and bench_core's own are set for the server by `server_command`
+_PYTEST_FORWARDED = {"-p": True, "-o": True, "--override-ini": True, "-W": True, "--pythonwarnings": True,
+                     "--import-mode": True}
+
+
+def forwarded_args(config) -> list[str]:
+    """The session's command-line options that each side's server gets too, as typed (PYTEST_ADDOPTS first, then
+    the command line): those a conftest file or plugin added with `parser.addoption` (pytest's "custom options":
+    a model size, a data path), and pytest's -p, -o, -W and --import-mode. A revision whose conftest lacks such an
+    option fails its server with pytest's own usage error, which the comparison quotes."""
+    takes_value = dict(_PYTEST_FORWARDED)
+    for arg in getattr(getattr(getattr(config, "_parser", None), "_anonymous", None), "options", []):
+        attrs = arg.attrs()
+        valued = attrs.get("nargs") != 0 and attrs.get("action") not in (
+            "store_true", "store_false", "store_const", "append_const", "count")
+        takes_value.update({n: valued for n in arg.names() if not n.startswith("--bench")})
+    tokens = shlex.split(os.environ.get("PYTEST_ADDOPTS", "")) + [str(a) for a in config.invocation_params.args]
+    out, i = [], 0
+    while i < len(tokens):
+        t = tokens[i]
+        if t == "--":
+            break
+        name, attached = (t.partition("=")[0], "=" in t) if t.startswith("--") else (t[:2], len(t) > 2)
+        if t.startswith("-") and name in takes_value:
+            out.append(t)
+            if takes_value[name] and not attached and i + 1 < len(tokens):
+                out.append(tokens[i + 1])
+                i += 1
+        i += 1
+    return out
 
 
 def server_command(python: str, file: Path, tree: Path, inifile: Path | None, *, device: str, quick: bool,

@@ -231,7 +231,8 @@ class Worker:
     """The parent's handle on one side's server; ended with `close()` (or its context), by its own pid, with the
     child of the round under way, if any.
 
-    `init`: {"side", "tree", "python", "file", "argv", "env", "roots", "threads", "device"} (see `server_command`)."""
+    `init`: {"side", "tree", "python", "file", "argv", "env", "roots", "threads", "device", "forwarded"} (see
+    `replay.process_sides`)."""
 
     def __init__(self, init: Mapping[str, Any], timeout_s: float = 600.0):
         self.init, self.side, self.timeout_s = dict(init), init["side"], timeout_s
@@ -270,6 +271,7 @@ class Worker:
             spec, self._spec = self._spec, None
             out = self._send({"cmd": "item", **spec}, "serving")
             self.ran = {"pid": out["pid"], "forked_rounds": out["fork"], "files": out["files"],
+                        "forwarded": self.init.get("forwarded", []),
                         "interpreter": self.init["python"], **self.environment, "tree": self.init["tree"],
                         **{k: out[k] for k in ("signature", "signature_error") if k in out}}
 
