@@ -240,3 +240,38 @@ def test_the_sessions_own_options_reach_both_sides_servers(pytester, monkeypatch
     out = " ".join(res.stdout.str().split())
     assert "not compared: HEAD" in out and "unrecognized arguments: --tiny" in out
 
+
+MATMULS = '''
+import torch
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+A = torch.randn(128, 128)
+
+
+def test_step(bench):
+    tick = work_on_shared_clock({ms})
+
+    def step():
+        for _ in range({n}):
+            A @ A
+        tick()
+    bench.run(Scenario("step", ("forward",)), step, clock=SHARED_CLOCK)
+'''
+
+
+def test_a_slower_verdict_in_process_mode_gets_a_profiler_pass_in_each_sides_own_process(pytester):
+    """Process mode's slower verdict (decided on the fake clock) is followed by one profiler pass of each side in
+    a fresh round of its own server: the revision's 1 matmul per step against the tree's 4, with calls per step."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_p=MATMULS.format(ms=1.0, n=1))
+    commit_all(pytester.path)
+    pytester.makepyfile(test_p=MATMULS.format(ms=3.0, n=4))
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-rounds", "3",
+                        "--bench-max-rounds", "3", "--bench-pairs", "1")
+    res.assert_outcomes(failed=1)
+    (rec,) = doc["against"]["scenarios"]
+    assert rec["comparison"]["verdict"] == "slower"
+    (mm,) = [t for t in rec["comparison"]["moved"] if t.startswith("aten::mm ")]
+    assert mm.endswith("calls 1 -> 4)")
+    res.stdout.fnmatch_lines(["*step: time moved (profiler pass after measuring, a hypothesis): aten::mm +*"])

@@ -143,6 +143,43 @@ def test_process_mode_counts_each_side_in_its_own_server(pytester):
     assert ran["baseline"][0]["signature"]["syncs"] == {}
 
 
+DECLARED = SIDES.replace('Scenario("step", ("forward",))', 'Scenario("step", ("forward",), no_growth=("syncs",))')
+
+
+def test_a_scenario_that_declares_its_own_no_growth_counters_is_held_to_them_without_an_option(pytester):
+    """no_growth on the Scenario: its signature is counted in every run, a baseline saved without any option has
+    one, and an extra sync fails the item against that baseline and against a revision, in one process and in
+    process mode (each side's server counts because the scenario asks)."""
+    from test_plugin import committed
+
+    committed(pytester, test_s=DECLARED.format(extra="pass"))
+    res = pytester.runpytest("--bench-save", "main", "--bench-quick", "--bench-no-out")
+    res.assert_outcomes(passed=1)
+    saved = json.loads((pytester.path / "baselines" / "main.json").read_text())
+    assert saved["runs"][0]["results"][0]["signature"]["syncs"] == {}
+    assert saved["runs"][0]["results"][0]["scenario"]["no_growth"] == ["syncs"]
+    pytester.makepyfile(test_s=DECLARED.format(extra="float(y.sum().item())"))
+    for args in (("--bench-compare", "main", "--bench-min-runs", "1"), ("--bench-against", "HEAD"),
+                 ("--bench-against", "HEAD", "--bench-against-processes")):
+        res = pytester.runpytest(*args, "--bench-quick", "--bench-no-out")
+        res.assert_outcomes(failed=1)
+        res.stdout.fnmatch_lines(["*scenario 'step': its work grew (syncs: 0 -> 1 per step)*"])
+
+
+def test_a_declared_no_growth_counter_is_checked_by_name():
+    from bench_core import Scenario
+    from bench_core.core.errors import InvalidRecord
+    from bench_core.files.storage import scenario_doc, scenario_from_doc
+
+    s = Scenario("decode", ("forward",), no_growth="syncs")
+    assert s.no_growth == ("syncs",) and scenario_from_doc(scenario_doc(s)) == s
+    assert s.with_metadata(batch=4).no_growth == ("syncs",)
+    with pytest.raises(InvalidRecord, match="scenario 'decode': unknown counter.*'sync'.*graph_breaks"):
+        Scenario("decode", ("forward",), no_growth=("sync",))
+    with pytest.raises(InvalidRecord, match="no_growth must be a list"):
+        scenario_from_doc({**scenario_doc(s), "no_growth": "syncs"})
+
+
 def _compiled_step(body):
     """A step compiled by torch.compile (the eager backend: dynamo's own graphs, no code generation)."""
     x = torch.randn(16)
@@ -218,3 +255,35 @@ def test_two_ways(bench):
     res.assert_outcomes(passed=1)
     out = " ".join(res.stdout.str().split())
     assert "two_ways: work signature: +1 synchronization(s) per step: aten._local_scalar_dense" in out
+
+
+def test_an_ab_called_slower_or_faster_gets_a_profiler_pass_of_each_side(monkeypatch):
+    """The A/B's decision (replaced here: the wiring is under test, not the timing) is slower: one profiler pass of
+    each side follows, and where time moved is in the record and under the decisions table; an unchanged verdict
+    gets none."""
+    from bench_core.deciding.verdicts import SLOWER, UNCHANGED
+    from bench_core.output.tables import decisions_table
+    from bench_core.session import BenchSession, SessionConfig
+    from bench_core.workflows import ab as ab_module
+    from bench_core.workflows.diagnose import moved as moved_module
+    from helpers import ENV
+
+    def one():
+        A @ A
+
+    def four():
+        for _ in range(4):
+            A @ A
+    times = {one: {"aten::mm": (0.1, 1)}, four: {"aten::mm": (0.4, 4)}}
+    monkeypatch.setattr(moved_module, "op_times", lambda fn, setup=None, device="cpu": times[fn])
+    verdict = [SLOWER]
+    monkeypatch.setattr(ab_module, "ab", lambda b, c, **kw: ab_module.ABResult(verdict[0], "decided", 0.25, 0.2, 0.3,
+                                                                                1e-6))
+    s = BenchSession(SessionConfig(results_dir=None), ENV)
+    res = s.ab("mm", one, four)
+    assert res.moved == ("aten::mm +0.3 ms per step (0.1 -> 0.4 ms; calls 1 -> 4)",)
+    assert res.to_dict()["moved"] == list(res.moved)
+    text = " ".join(decisions_table(s.decisions, wide=True).split())
+    assert "mm: time moved (profiler pass after measuring, a hypothesis): aten::mm +0.3 ms per step" in text
+    verdict[0] = UNCHANGED
+    assert s.ab("mm2", one, four).moved == ()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -46,7 +46,10 @@ class Scenario:
     `window` lists the stages inside the timed window, in order. `metadata` records what the
     number depends on (shapes, batch size, dtype, train/eval mode, compiled, data source, device).
     `noise_threshold` is the smallest relative change the regression gate may call a change for
-    this scenario (None: the gate's default).
+    this scenario (None: the gate's default). `no_growth` names the work-signature counters (of
+    `core.signature.COUNTERS`: syncs, copies, graph breaks, ...) that must not grow against the
+    baseline or revision: the scenario's signature is then counted, and growth fails its item, as
+    `--bench-no-growth` does for every scenario.
     """
 
     name: str
@@ -54,6 +57,7 @@ class Scenario:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     noise_threshold: float | None = None
     description: str = ""
+    no_growth: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
@@ -78,10 +82,18 @@ class Scenario:
                 raise InvalidRecord(
                     f"scenario {self.name!r}: noise_threshold must be a fraction in [0, 1), got {t!r}"
                 )
+        from bench_core.core.signature import COUNTERS
+
+        counters = (self.no_growth,) if isinstance(self.no_growth, str) else tuple(self.no_growth)
+        unknown = [c for c in counters if c not in COUNTERS]
+        if unknown:
+            raise InvalidRecord(f"scenario {self.name!r}: unknown counter(s) {unknown} in no_growth; use counters "
+                                f"from {COUNTERS}")
         object.__setattr__(self, "window", window)
         object.__setattr__(self, "metadata", _freeze(dict(self.metadata)))
+        object.__setattr__(self, "no_growth", counters)
 
     def with_metadata(self, **extra: Any) -> "Scenario":
         merged = thaw(self.metadata)
         merged.update(extra)
-        return Scenario(self.name, self.window, merged, self.noise_threshold, self.description)
+        return replace(self, metadata=merged)

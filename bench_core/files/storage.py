@@ -110,14 +110,19 @@ def write_new(path: Path, data: bytes) -> Path:
 # -- records as JSON -------------------------------------------------------------------------------------
 def scenario_doc(s: Scenario) -> dict:
     return {"name": s.name, "window": list(s.window), "metadata": thaw(s.metadata),
-            "noise_threshold": s.noise_threshold, "description": s.description}
+            "noise_threshold": s.noise_threshold, "description": s.description,
+            **({"no_growth": list(s.no_growth)} if s.no_growth else {})}
 
 
 def scenario_from_doc(d: Mapping[str, Any]) -> Scenario:
     if not isinstance(d.get("window"), list):
         raise InvalidRecord(f"scenario.window must be a list of stage names, got {d.get('window')!r}")
+    no_growth = d.get("no_growth", [])
+    if not isinstance(no_growth, list):
+        raise InvalidRecord(f"scenario.no_growth must be a list of counter names, got {no_growth!r}")
     return Scenario(name=d["name"], window=tuple(d["window"]), metadata=d.get("metadata") or {},
-                    noise_threshold=d.get("noise_threshold"), description=d.get("description", ""))
+                    noise_threshold=d.get("noise_threshold"), description=d.get("description", ""),
+                    no_growth=tuple(no_growth))
 
 
 def measurement_doc(m: Measurement, with_environment: bool = False) -> dict:

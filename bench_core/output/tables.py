@@ -315,10 +315,11 @@ def decisions_table(decisions, fmt: str = "simple", wide: bool = False) -> str:
 
 
 def work_lines(name: str, r) -> list[str]:
-    """An A/B's counted work in words: how its work signatures differ, each side's achieved FLOP/s, and a warning
-    when the FLOP counts differ."""
+    """An A/B's counted work in words: how its work signatures differ, where its time moved (a slower or faster
+    verdict's profiler pass), each side's achieved FLOP/s, and a warning when the FLOP counts differ."""
     facts = [f"{name}: work signature: {f}" for f in getattr(r, "facts", ())]
-    return facts + _flop_lines(name, r)
+    moved = [f"{name}: time moved (profiler pass after measuring, a hypothesis): {t}" for t in getattr(r, "moved", ())]
+    return facts + moved + _flop_lines(name, r)
 
 
 def _flop_lines(name: str, r) -> list[str]:

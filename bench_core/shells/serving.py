@@ -101,7 +101,7 @@ def serve(session, request, sizing, scenario, fn, kwargs):
     device = session.config.device
     sampler = Sampler(name, backend_for(device))
     if state.round:
-        state.ended_by = worker.serve_round(state.channel, instance_from(fn, kwargs, scenario), sampler)
+        state.ended_by = worker.serve_round(state.channel, instance_from(fn, kwargs, scenario), sampler, device)
         pytest.skip(f"served a round of scenario {name!r} to a side-by-side comparison")
     state.fork = worker.can_fork(device)
     if not state.fork:
@@ -123,6 +123,8 @@ def serve(session, request, sizing, scenario, fn, kwargs):
             return {"signature": record(fn, setup).to_dict()}
         except Exception as exc:  # noqa: BLE001 - not counted, and the parent says why
             return {"signature_error": f"{type(exc).__name__}: {exc}"}
-    state.ended_by = worker.first_run(state.channel, name, sampler, fork=state.fork, files=worker.loaded_files(state.roots),
-                                      warm=warm if state.fork else None, count=count if state.signature else None)
+    counted = state.signature or bool(scenario.no_growth)
+    state.ended_by = worker.first_run(state.channel, name, sampler, fork=state.fork,
+                                      files=worker.loaded_files(state.roots), warm=warm if state.fork else None,
+                                      count=count if counted else None)
     pytest.skip(f"warmed scenario {name!r} for a side-by-side comparison")

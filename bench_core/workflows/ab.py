@@ -21,7 +21,7 @@ from bench_core.core.stats import summarize
 from bench_core.deciding.paired import PairedDecision, paired_decision
 from bench_core.deciding.rounds import rounds_decision
 from bench_core.deciding.sequential import chase, planned_looks
-from bench_core.deciding.verdicts import INCONCLUSIVE, REJECTED, SPEEDUP_MEANS
+from bench_core.deciding.verdicts import FASTER, INCONCLUSIVE, REJECTED, SLOWER, SPEEDUP_MEANS
 from bench_core.output.tables import wrap
 
 
@@ -72,6 +72,7 @@ class ABResult:
     environment: Mapping[str, Any] = field(default_factory=dict)
     flops: Mapping[str, int] = field(default_factory=dict)   # counted FLOPs per step, per side (absent: not counted)
     facts: tuple[str, ...] = ()           # how the candidate's work signature differs from the baseline's, per step
+    moved: tuple[str, ...] = ()           # a slower or faster verdict's profiler pass: operators whose time moved
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items()}
@@ -80,7 +81,7 @@ class ABResult:
         d["candidate_summary"] = summarize(self.candidate_ms).to_dict() if self.candidate_ms else None
         for k in ("cold_start_ms", "params", "identities", "environment", "flops"):
             d[k] = dict(d[k])
-        d["facts"] = list(self.facts)
+        d["facts"], d["moved"] = list(self.facts), list(self.moved)
         return d
 
     @property
@@ -259,6 +260,7 @@ def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[
     """
     from bench_core.timing.counts import QUICK
     from bench_core.workflows.counted_work import count_sides, signature_facts
+    from bench_core.workflows.diagnose.moved import explain_sides
 
     decide = ab
     if rounds is not None:
@@ -282,5 +284,7 @@ def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[
                                              factories=rounds is not None))
     if session.config.signature:    # the same: what each side's step does, compared exactly
         res = replace(res, facts=signature_facts(session, name, baseline, candidate, factories=rounds is not None))
+    if res.verdict in (SLOWER, FASTER) and not session.config.quick and kwargs.get("clock") is None:
+        res = replace(res, moved=explain_sides(session, name, baseline, candidate, factories=rounds is not None))
     session.decisions.append((name, res))
     return res

@@ -28,10 +28,10 @@ def count_sides(session, name: str, sides: dict[str, Callable[[], Any]], factori
     after the A/B; a side that cannot be built or counted says why."""
     from bench_core.timing.flops import count
 
-    return {side: w.flops for side, w in _each_side(session, name, sides, factories, count, "FLOPs").items()}
+    return {side: w.flops for side, w in each_side(session, name, sides, factories, count, "FLOPs").items()}
 
 
-def _each_side(session, name: str, sides: dict[str, Callable[[], Any]], factories: bool, counter, what: str) -> dict:
+def each_side(session, name: str, sides: dict[str, Callable[[], Any]], factories: bool, counter, what: str) -> dict:
     """`counter(step)` of one step of each side; a side whose step cannot be built or counted is left out, and the
     session says why (the A/B stands)."""
     counted = {}
@@ -70,12 +70,24 @@ def signature_of(session, name: str, fn: Callable[[], Any], setup: Callable[[], 
         return None
 
 
-def with_facts(session, c, base, cand):
+def counts_signature(session, scenario) -> bool:
+    """Whether a scenario's step is counted: asked for the session (`--bench-signature`, `--bench-no-growth`), or
+    the scenario declares counters that must not grow."""
+    return session.config.signature or bool(scenario.no_growth)
+
+
+def with_facts(session, c, base, cand, scenario=None):
     """The comparison with how the two work signatures differ (facts, exactly), and the counters that must not
-    grow and did (`--bench-no-growth`: the item fails); unchanged where either side was not counted."""
+    grow and did (`--bench-no-growth` and the scenario's own `no_growth`: the item fails); unchanged where either
+    side was not counted, and where counters must not grow, the session says they were not checked."""
     from bench_core.deciding.signature import attach
 
-    return attach(c, base, cand, session.config.no_growth)
+    no_growth = tuple(dict.fromkeys(session.config.no_growth + (scenario.no_growth if scenario else ())))
+    if c is not None and no_growth and (base is None or cand is None):
+        which = "the baseline's" if base is None else "this run's"
+        session.uncounted.append(f"{c.name}: {', '.join(no_growth)} not checked for growth: {which} work signature "
+                                 f"was not counted")
+    return attach(c, base, cand, no_growth)
 
 
 def signature_facts(session, name: str, baseline, candidate, factories: bool) -> tuple[str, ...]:
@@ -84,6 +96,6 @@ def signature_facts(session, name: str, baseline, candidate, factories: bool) ->
     from bench_core.deciding.signature import differences
     from bench_core.timing.signature import record
 
-    sigs = _each_side(session, name, {"baseline": baseline, "candidate": candidate}, factories, record,
+    sigs = each_side(session, name, {"baseline": baseline, "candidate": candidate}, factories, record,
                       "work signature")
     return tuple(differences(sigs["baseline"], sigs["candidate"])) if len(sigs) == 2 else ()

@@ -14,7 +14,7 @@ from bench_core.deciding.gate import Comparison, baseline_warnings, decide_famil
 from bench_core.deciding.sequential import replicate_until_decided
 from bench_core.deciding.signature import latest
 from bench_core.files import storage
-from bench_core.workflows.counted_work import count_signature, count_work, with_facts
+from bench_core.workflows.counted_work import count_signature, count_work, counts_signature, with_facts
 
 
 def load_baseline(config) -> tuple[dict[str, list[Measurement]], Any, list[str]]:
@@ -34,7 +34,7 @@ def run(session, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs)
     first = session.measure(scenario, fn, **kwargs)
     if session.config.count_flops:  # after the timed window, profiler-free: one more step, counted
         first = count_work(session, first, fn, kwargs.get("setup"))   # before the gate, which compares the counts
-    if session.config.signature:    # the same: what one step does, counted exactly
+    if counts_signature(session, scenario):    # the same: what one step does, counted exactly
         first = count_signature(session, first, fn, kwargs.get("setup"))
     counts = session.counts(kwargs.get("warmup"), kwargs.get("repeats"))
     m, c = gate(session, first, None if replicate is None else lambda: replicate(*counts))
@@ -80,7 +80,7 @@ def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = 
     method = f"stored baseline ({c.baseline_runs} runs) vs this process" + (
         f" and {extra} fresh process(es)" if extra else "")
     c = replace(c, method=method, reason="; ".join([c.reason, *why_not]))
-    c = with_facts(session, c, latest(base), m.signature)   # against the latest baseline run's
+    c = with_facts(session, c, latest(base), m.signature, m.scenario)   # against the latest baseline run's
     if extra:
         session.replicas[m.name] = runs[1:]
     session.comparisons.append(c)

@@ -15,6 +15,7 @@ line goes each way per step:
                                         signature: {...}}               step warmed once (and counted, if asked)
   {"cmd": "round"}                     {"built": scenario_doc, pid}    the item run afresh up to its bench.run
   {"cmd": "sample"}                    {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`
+  {"cmd": "profile"}                   {"op_times": {op: [ms, calls]}} a profiler pass (after the rounds)
   {"cmd": "end"}                       {"ended": status}               the round's run of the item ends
   {"cmd": "done"}                      {"item_done": ..., "served"}    the item is done with
   {"cmd": "quit"}                      -                               the server ends
@@ -186,10 +187,11 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
 _QUIT_STATUS = 75   # a round's child ending on the parent's "quit": the server ends too
 
 
-def serve_round(channel: Channel, inst, sampler) -> str:
-    """One round's instance (`inst`, this run of the test's), sampled until another command than "sample" comes
-    (returned; "quit" when the parent is gone)."""
+def serve_round(channel: Channel, inst, sampler, device: str = "cpu") -> str:
+    """One round's instance (`inst`, this run of the test's), sampled until another command than "sample" or
+    "profile" (one profiler pass, after the measured rounds) comes (returned; "quit" when the parent is gone)."""
     from bench_core.files.storage import scenario_doc
+    from bench_core.workflows.diagnose.moved import op_times
 
     channel.send({"built": None if inst.scenario is None else scenario_doc(inst.scenario), "pid": os.getpid()})
     if inst.clock is not None:   # the clock the test asked for (a test's fake), as in one process
@@ -197,6 +199,12 @@ def serve_round(channel: Channel, inst, sampler) -> str:
     while True:
         doc = channel.recv()
         cmd = "quit" if doc is None else doc.get("cmd")
+        if cmd == "profile":
+            try:
+                channel.send({"op_times": op_times(inst.fn, inst.setup, device=device)})
+            except Exception as exc:  # noqa: BLE001 - the verdict stands; the parent says why there is no pass
+                channel.send({"error": f"profiler pass: {type(exc).__name__}: {exc}"})
+            continue
         if cmd != "sample":
             return cmd
         try:
@@ -288,6 +296,16 @@ class Worker:
 
         out = self._send({"cmd": "sample"}, "host_ms")
         return Sample(out["host_ms"], out["gpu_ms"])
+
+    def profile(self) -> dict[str, tuple[float, int]]:
+        """One profiler pass of this side's step in a fresh round (after the measured rounds): per operator, self
+        time per step (ms) and calls per step."""
+        self.round()
+        try:
+            out = self._send({"cmd": "profile"}, "op_times")
+        finally:
+            self.end_round()
+        return {op: (float(ms), int(n)) for op, (ms, n) in out["op_times"].items()}
 
     def end_round(self) -> None:
         out = self._send({"cmd": "end"}, "ended")

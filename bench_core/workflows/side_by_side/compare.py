@@ -127,10 +127,10 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
         return (signature_of(session, scenario.name, theirs.fn, theirs.setup, "revision"),
                 signature_of(session, scenario.name, live.fn, live.setup, "current"))
 
-    def sides(go_on):
+    def sides(judge):
         return run_rounds(build, Sampler(scenario.name, backend or backend_for(session.config.device), clock),
                           rounds=looks[0], pairs=pairs, warmup=a.warmup, seed=a.seed, extend_to=looks[1:],
-                          go_on=go_on)
+                          go_on=judge.go_on)
     how = (f"{looks[0]} rounds" if len(looks) == 1 else
            f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
     return _side_by_side(session, scenario, live, sides, f"{how} x {pairs} pairs, fresh instances every round, one "
@@ -177,10 +177,18 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                 first.call("setup before the first call", live.setup)
             cold = first.sample(live.fn, what="the first call (cold start)")
 
-        def run(go_on):
-            res = with_servers(spawn, 0, lambda servers: run_served(
-                servers, sampler, rounds=looks[0], pairs=pairs, warmup=a.warmup, seed=a.seed, extend_to=looks[1:],
-                go_on=go_on), seed=a.seed, release=release)
+        profiled: list[str] = []   # a slower or faster verdict's profiler pass, in each side's own process
+
+        def rounds_then_profile(servers, judge):
+            res = run_served(servers, sampler, rounds=looks[0], pairs=pairs, warmup=a.warmup, seed=a.seed,
+                             extend_to=looks[1:], go_on=judge.go_on)
+            if not quick and judge(res, "host").verdict in (SLOWER, FASTER):
+                profiled.extend(_profile_served(session, scenario.name, servers))
+            return res
+
+        def run(judge):
+            res = with_servers(spawn, 0, lambda servers: rounds_then_profile(servers, judge), seed=a.seed,
+                               release=release)
             _check_processes(scenario.name, ran, session.revision)
             return res
         how = (f"{looks[0]} rounds" if len(looks) == 1 else
@@ -189,16 +197,32 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                                                            f"of its own, every round in freshly forked children"
                                                            f"{malloc}",
                              items, proof, None, None, looks, cold=cold,
-                             signatures=lambda: _served_signatures(session, scenario.name, ran))
+                             signatures=lambda: _served_signatures(session, scenario.name, ran),
+                             explain=lambda: tuple(profiled))
     k, rounds = (a.quick_processes, 1) if quick else (a.processes, a.process_rounds)
 
-    def run_pairs(go_on):
+    def run_pairs(judge):
         res = run_processes(spawn, sampler, processes=k, rounds=rounds, pairs=pairs, seed=a.seed, release=release)
         _check_processes(scenario.name, ran, session.revision)
         return res
     return _side_by_side(session, scenario, live, run_pairs, f"{k} pairs of pytest processes x {rounds} rounds x "
                                                              f"{pairs} pairs (processes that cannot fork: a "
                                                              f"process is the unit){malloc}", items, proof, None, None)
+
+
+def _profile_served(session, name: str, servers) -> list[str]:
+    """Where the time moved, from one profiler pass of each side in a fresh round of its own process (after the
+    rounds, never inside them); empty where a side could not be profiled, which the session says."""
+    from bench_core.workflows.diagnose.moved import moved
+
+    times = {}
+    for side in ("baseline", "candidate"):
+        try:
+            times[side] = servers[side].profile()
+        except ScenarioError as exc:
+            session.uncounted.append(f"{name} ({side}): no profiler pass: {exc.problem}")
+            return []
+    return moved(times["baseline"], times["candidate"])
 
 
 def _served_signatures(session, name: str, ran: Mapping[str, list]):
@@ -270,7 +294,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
     judge = _Judge(scenario, dev, thr, replace(session.config.gate, threshold=thr), session.family_size, tuple(looks))
     try:
         with session.limited(scenario):
-            res = sides(judge.go_on)
+            res = sides(judge)
     except SideError as exc:
         if exc.side == "candidate":
             session.errors.append((scenario.name, exc.problem))
@@ -283,7 +307,9 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
     else:
         m = _current_side(session, scenario, live, res, items, threads, cold)
     counted = None
-    if res is not None and session.config.signature:
+    from bench_core.workflows.counted_work import counts_signature, with_facts
+
+    if res is not None and counts_signature(session, scenario):
         if signatures is None:
             session.uncounted.append(f"{scenario.name}: work signature not counted in process mode")
         else:
@@ -295,9 +321,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
     c = judge(res, m.timer)
     c = replace(c, method=f"side by side with {rev}: {method}")   # the rounds each scenario ran: its row
     if counted is not None:
-        from bench_core.workflows.counted_work import with_facts
-
-        c = with_facts(session, c, *counted)
+        c = with_facts(session, c, *counted, scenario)
     if explain is not None and c.verdict in (SLOWER, FASTER) and not session.config.quick and clock is None:
         try:
             c = replace(c, moved=explain())
