@@ -53,6 +53,7 @@ class SessionConfig:
     count_flops: bool = False          # count each step's FLOPs once, after its window (torch's FLOP counter)
     signature: bool = False            # count each step's work signature once, after its window; compared exactly
     no_growth: tuple[str, ...] = ()    # signature counters that must not grow against the baseline or revision
+    instructions: bool = False         # side by side: each side's host instructions per step, under callgrind
     peak_tflops: float | None = None   # the device's peak for utilization (else a known GPU's, or the CPU's measured)
     timeout_s: float | None = 600.0    # per scenario, everything included; None or 0: no limit
     compare: str | None = None

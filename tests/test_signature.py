@@ -287,3 +287,134 @@ def test_an_ab_called_slower_or_faster_gets_a_profiler_pass_of_each_side(monkeyp
     assert "mm: time moved (profiler pass after measuring, a hypothesis): aten::mm +0.3 ms per step" in text
     verdict[0] = UNCHANGED
     assert s.ab("mm2", one, four).moved == ()
+
+
+def test_instruction_counts_are_facts_beyond_their_tolerance_and_survive_the_file():
+    from bench_core.core.signature import INSTRUCTION_TOLERANCE
+
+    base = Signature(instructions=1_000_000)
+    same = Signature(instructions=int(1_000_000 * (1 + INSTRUCTION_TOLERANCE / 2)))
+    more = Signature(instructions=1_100_000)
+    assert differences(base, same) == [] and grown(base, same, ["instructions"]) == []
+    assert differences(base, more) == ["host instructions per step 1,000,000 -> 1,100,000 (+10.0%, callgrind)"]
+    assert grown(base, more, ["instructions"]) == ["instructions: 1,000,000 -> 1,100,000 per step (+10.0%)"]
+    assert grown(more, base, ["instructions"]) == [] and differences(more, base)   # fewer: a fact, not growth
+    assert differences(Signature(), more) == []                                    # not counted: no fact
+    assert Signature.from_dict(more.to_dict()) == more and "instructions" not in Signature().to_dict()
+    with pytest.raises(ValueError, match="instructions must be a non-negative integer"):
+        Signature(instructions=-1)
+
+
+def test_one_steps_instructions_are_read_from_the_dump_callgrind_writes(tmp_path, monkeypatch):
+    """`instructions` toggles collection around one call and reads the totals of the dump it asked for (callgrind's
+    client requests replaced: they do nothing outside valgrind)."""
+    import os
+
+    import torch
+    from bench_core.timing.signature import instructions
+
+    calls = []
+
+    def dump():
+        (tmp_path / f"cg.{os.getpid()}.out.2").write_text("events: Ir\nsummary: 0\ntotals: 4321\n")
+        (tmp_path / f"cg.{os.getpid()}.out.10").write_text("events: Ir\nsummary: 1234\ntotals: 1234\n")
+    monkeypatch.setattr(torch._C, "_valgrind_supported_platform", lambda: True)
+    monkeypatch.setattr(torch._C, "_valgrind_toggle", lambda: calls.append("on"))
+    monkeypatch.setattr(torch._C, "_valgrind_toggle_and_dump_stats", dump)
+    assert instructions(lambda: calls.append("step"), None, str(tmp_path)) == 1234   # the latest dump, by number
+    assert calls == ["step", "step", "on", "step"]                                    # two warm calls, one counted
+    assert not (tmp_path / f"cg.{os.getpid()}.out.10").exists()
+    with pytest.raises(RuntimeError, match="running under valgrind"):
+        instructions(lambda: None, None, str(tmp_path / "empty"))
+
+
+# A stand-in for valgrind on PATH, for the wiring: it runs the server's command with callgrind's client requests
+# replaced by a count of the Python calls between the toggles, written where callgrind writes its dumps.
+FAKE_VALGRIND = '''#!/bin/sh
+for a in "$@"; do
+  case "$a" in
+    --callgrind-out-file=*) export FAKE_CG_OUT="${a#--callgrind-out-file=}"; shift;;
+    --*) shift;;
+    *) break;;
+  esac
+done
+export PYTHONPATH="{site}:$PYTHONPATH"
+exec "$@"
+'''
+
+FAKE_SITE = '''
+import os, sys
+import torch
+
+_n = [0, 0]
+
+
+def _count(frame, event, arg):
+    if event == "call":
+        _n[0] += 1
+
+
+def _on():
+    sys.setprofile(_count)
+
+
+def _dump():
+    sys.setprofile(None)
+    _n[1] += 1
+    path = os.environ["FAKE_CG_OUT"].replace("%p", str(os.getpid())) + f".{_n[1]}"
+    with open(path, "w") as f:
+        f.write(f"totals: {_n[0] * 100}\\n")
+    _n[0] = 0
+
+
+torch._C._valgrind_supported_platform = lambda: True
+torch._C._valgrind_toggle = _on
+torch._C._valgrind_toggle_and_dump_stats = _dump
+'''
+
+CALLS = '''
+from bench_core import Scenario
+
+
+def helper():
+    return 1
+
+
+def test_step(bench):
+    def step():
+        for _ in range({n}):
+            helper()
+    bench.run(Scenario("step", ("forward",)), step)
+'''
+
+
+def test_side_by_side_counts_each_sides_instructions_in_a_process_of_its_own(pytester, tmp_path, monkeypatch):
+    """--bench-instructions: each side's server runs under (a stand-in for) valgrind, counts one step, and the
+    difference is a fact; --bench-no-growth instructions fails the item. Without valgrind: not counted, said."""
+    import os
+
+    from test_plugin import committed
+
+    bin_dir, site = tmp_path / "bin", tmp_path / "site"
+    bin_dir.mkdir()
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FAKE_SITE)
+    (bin_dir / "valgrind").write_text(FAKE_VALGRIND.replace("{site}", str(site)))
+    (bin_dir / "valgrind").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    committed(pytester, test_s=CALLS.format(n=10))
+    pytester.makepyfile(test_s=CALLS.format(n=20))
+    args = ("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-instructions")
+    res = pytester.runpytest(*args)
+    out = " ".join(res.stdout.str().split())
+    assert "step: work signature: host instructions per step" in out and "callgrind)" in out
+    res = pytester.runpytest(*args, "--bench-no-growth", "instructions")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*its work grew (instructions: * -> * per step (+*%))*"])
+
+    import shutil
+
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "valgrind" else which(name, *a, **k))
+    res = pytester.runpytest(*args)
+    assert "instructions not counted: valgrind is not installed" in " ".join(res.stdout.str().split())

@@ -14,7 +14,11 @@ from typing import Any, Mapping
 SIGNATURE_VERSION = 1
 
 # what a session may declare must not grow (--bench-no-growth)
-COUNTERS = ("syncs", "copies", "allocations", "operators", "graph_breaks", "recompiles")
+COUNTERS = ("syncs", "copies", "allocations", "operators", "graph_breaks", "recompiles", "instructions")
+
+# host instruction counts under callgrind are nearly, not exactly, the same run to run (the interpreter's own
+# bookkeeping): a change smaller than this is no fact and no growth
+INSTRUCTION_TOLERANCE = 0.005
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class Signature:
     graph_breaks: int = 0                                         # torch.compile: breaks in the first call
     break_reasons: tuple[str, ...] = ()                           # their reasons, one line each, distinct
     recompiles: int = 0                                           # compilations in a call after the first
+    instructions: int | None = None                               # host instructions of one step (callgrind);
+                                                                  # None: not counted
 
     def __post_init__(self):
         for name in ("operators", "syncs", "copies", "copy_bytes"):
@@ -41,6 +47,9 @@ class Signature:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"work signature: {name} must be a non-negative integer")
+        if self.instructions is not None and (isinstance(self.instructions, bool) or
+                                              not isinstance(self.instructions, int) or self.instructions < 0):
+            raise ValueError("work signature: instructions must be a non-negative integer, or absent")
         if not isinstance(self.break_reasons, (tuple, list)) or not all(isinstance(r, str) for r in self.break_reasons):
             raise ValueError("work signature: break_reasons must be a list of strings")
         object.__setattr__(self, "break_reasons", tuple(self.break_reasons))
@@ -50,6 +59,8 @@ class Signature:
             return sum(self.operators.values())
         if counter in ("allocations", "recompiles", "graphs", "graph_breaks"):
             return getattr(self, counter)
+        if counter == "instructions":
+            return self.instructions or 0
         return sum(getattr(self, counter).values())
 
     def to_dict(self) -> dict:
@@ -57,7 +68,8 @@ class Signature:
                 "syncs": dict(self.syncs), "copies": dict(self.copies), "copy_bytes": dict(self.copy_bytes),
                 "allocations": self.allocations, "allocated_bytes": self.allocated_bytes, "graphs": self.graphs,
                 "graph_breaks": self.graph_breaks, "break_reasons": list(self.break_reasons),
-                "recompiles": self.recompiles}
+                "recompiles": self.recompiles,
+                **({"instructions": self.instructions} if self.instructions is not None else {})}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "Signature":
@@ -66,4 +78,4 @@ class Signature:
                              f"is not {SIGNATURE_VERSION}")
         return cls(**{k: doc[k] for k in ("operators", "syncs", "copies", "copy_bytes", "allocations",
                                           "allocated_bytes", "graphs", "graph_breaks", "break_reasons",
-                                          "recompiles") if k in doc})
+                                          "recompiles", "instructions") if k in doc})

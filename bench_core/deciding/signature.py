@@ -2,7 +2,7 @@
 Pure: no torch, no timing; the same two signatures give the same facts on every run."""
 from __future__ import annotations
 
-from bench_core.core.signature import Signature
+from bench_core.core.signature import INSTRUCTION_TOLERANCE, Signature
 
 
 def _mb(n: int) -> str:
@@ -36,12 +36,32 @@ def differences(base: Signature, cand: Signature) -> list[str]:
         d = cand.operators.get(op, 0) - base.operators.get(op, 0)
         if d:
             out.append(f"{d:+d} {op} per step")
+    if _instructions_moved(base, cand):
+        out.append(f"host instructions per step {base.instructions:,} -> {cand.instructions:,} "
+                   f"({cand.instructions / base.instructions - 1:+.1%}, callgrind)")
     return out
 
 
+def _instructions_moved(base: Signature, cand: Signature, up_only: bool = False) -> bool:
+    """Both counted, and the candidate's differs (or grew) by more than the counts' own run-to-run wobble."""
+    if base.instructions is None or cand.instructions is None or not base.instructions:
+        return False
+    change = cand.instructions / base.instructions - 1
+    return change > INSTRUCTION_TOLERANCE or (not up_only and change < -INSTRUCTION_TOLERANCE)
+
+
 def grown(base: Signature, cand: Signature, counters) -> list[str]:
-    """Of `counters` (names from COUNTERS), those whose total per step grew from base to cand, in words."""
-    return [f"{c}: {base.total(c)} -> {cand.total(c)} per step" for c in counters if cand.total(c) > base.total(c)]
+    """Of `counters` (names from COUNTERS), those whose total per step grew from base to cand, in words
+    (instructions: by more than INSTRUCTION_TOLERANCE, where both were counted)."""
+    out = []
+    for c in counters:
+        if c == "instructions":
+            if _instructions_moved(base, cand, up_only=True):
+                out.append(f"instructions: {base.instructions:,} -> {cand.instructions:,} per step "
+                           f"({cand.instructions / base.instructions - 1:+.1%})")
+        elif cand.total(c) > base.total(c):
+            out.append(f"{c}: {base.total(c)} -> {cand.total(c)} per step")
+    return out
 
 
 def attach(c, base: Signature | None, cand: Signature | None, no_growth=()):

@@ -21,9 +21,13 @@ def summary_sections(session) -> list[tuple[str, str]]:
     if not s.results and not s.errors and not s.decisions:
         return []
     wide = s.config.wide
+    # what could not be counted (FLOPs, signatures, instructions) is said, never shown as nothing: under the work
+    # table where there is one, else under the results (or an A/B-only session's decisions)
+    uncounted = [] if s.config.count_flops and s.results else list(s.uncounted)
     out = [("bench_core results", session_table(s.results, s.errors, wide=wide) + below(
         [f"{test} left behind (undone, so later scenarios start from the session's state): {'; '.join(what)}"
-         for test, what in s.leaks], wide))] if s.results or s.errors else []   # an A/B-only session has no table
+         for test, what in s.leaks] + uncounted, wide))] if s.results or s.errors else []   # an A/B-only session
+    # has no table
     if any(m.ranks is not None for m in s.results):
         out.append(("bench_core distributed scenarios (every rank)", ranks_table(s.results, wide=wide)))
     if s.config.count_flops and s.results:
@@ -35,7 +39,8 @@ def summary_sections(session) -> list[tuple[str, str]]:
                 if p.facts.step_us and "batch_read" in p.facts.stage_us}
         out.append(("bench_core resource needs", resource_table(s.results, s.environment, wait, wide)))
     if s.decisions:
-        out.append(("bench_core A/B decisions (interleaved, paired)", decisions_table(s.decisions, wide=wide)))
+        out.append(("bench_core A/B decisions (interleaved, paired)", decisions_table(s.decisions, wide=wide) + (
+            "" if s.results or s.errors else below(uncounted, wide))))
     for p in s.profiles:
         where = f"trace: {p.trace_path}" if p.trace_path else "trace: not written"
         out.append((f"bench_core diagnose: {p.scenario} (profiled separately; not in any result)",

@@ -57,7 +57,7 @@ COMPARE, BASELINES, THRESHOLD, ALPHA, RUN_NOISE = ("--bench-compare", "--bench-b
                                                    "--bench-alpha", "--bench-run-noise")
 MIN_RUNS, MAX_RUNS, WINDOW, ALLOW_ENV, ADJUST = ("--bench-min-runs", "--bench-max-runs", "--bench-baseline-window",
                                                  "--bench-allow-env-mismatch", "--bench-adjust")
-SIGNATURE, NO_GROWTH = "--bench-signature", "--bench-no-growth"
+SIGNATURE, NO_GROWTH, INSTRUCTIONS = "--bench-signature", "--bench-no-growth", "--bench-instructions"
 MD, WIDE, PLOTS, FLOPS, PEAK, STRICT, TIMEOUT = ("--bench-md", "--bench-wide", "--bench-plots", "--bench-flops",
                                                  "--bench-peak-tflops", "--bench-strict", "--bench-timeout")
 AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-rounds", "--bench-pairs",
@@ -143,8 +143,11 @@ def _options() -> tuple[Option, ...]:
         Option(SIGNATURE, "count each step's work signature once after its window (operators, host reads that "
                           "synchronize, copies, allocations) and compare it exactly with the baseline's or the "
                           "revision's: every difference is reported as a fact"),
+        Option(INSTRUCTIONS, "with --bench-against: count the host instructions of one step of each side under "
+                             "valgrind's callgrind, in a pytest process of each side's own (slow: a minute or more "
+                             "to start one), as part of the work signature; implies --bench-signature"),
         Option(NO_GROWTH, "work-signature counters that must not grow (syncs, copies, allocations, operators, "
-                          "graph_breaks, recompiles; comma-separated): growth fails the scenario's item, no "
+                          "graph_breaks, recompiles, instructions (by more than 0.5%); comma-separated): growth fails the scenario's item, no "
                           "statistics needed; implies --bench-signature", str,
                metavar="COUNTERS", cli="--no-growth"),
         Option(PEAK, "the device's peak for utilization (default: a known GPU's for the dtype, or on the CPU a matmul "
@@ -306,7 +309,8 @@ def session_config(value: Values, root: Path, device: str):
         timeout_s=value(TIMEOUT) or None, strict=value(STRICT),
         markdown=Path(value(MD)) if value(MD) else None, wide=value(WIDE),
         plots=root / value(PLOTS) if value(PLOTS) else None, count_flops=value(FLOPS), peak_tflops=value(PEAK),
-        signature=value(SIGNATURE) or bool(value(NO_GROWTH)), no_growth=no_growth(value(NO_GROWTH)),
+        signature=value(SIGNATURE) or bool(value(NO_GROWTH)) or value(INSTRUCTIONS),
+        instructions=value(INSTRUCTIONS), no_growth=no_growth(value(NO_GROWTH)),
         topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None,
         serve=serve_fds(value))
     for flag, folder in ((OUT, cfg.results_dir), (BASELINES, cfg.baselines_dir), (PLOTS, cfg.plots),

@@ -58,7 +58,8 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
 
     return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"),
                                proof=loaded.proof(request.path, request.function, theirs),
-                               clock=kwargs.get("clock"), backend=kwargs.get("backend"))
+                               clock=kwargs.get("clock"), backend=kwargs.get("backend"),
+                               servers=lambda: process_sides(session, request, name, path, function))
 
 
 def fixture_values(request):

@@ -117,13 +117,15 @@ def serve(session, request, sizing, scenario, fn, kwargs):
         fn()
 
     def count():   # one step of this side, counted exactly, for the parent to compare with the other side's
-        from bench_core.timing.signature import record
+        from bench_core.timing.signature import instructions, record
 
+        what, counter = (("instructions", lambda: instructions(fn, setup, state.instructions)) if state.instructions
+                         else ("signature", lambda: record(fn, setup).to_dict()))
         try:
-            return {"signature": record(fn, setup).to_dict()}
+            return {what: counter()}
         except Exception as exc:  # noqa: BLE001 - not counted, and the parent says why
-            return {"signature_error": f"{type(exc).__name__}: {exc}"}
-    counted = state.signature or bool(scenario.no_growth)
+            return {f"{what}_error": f"{type(exc).__name__}: {exc}"}
+    counted = state.signature or bool(scenario.no_growth) or bool(state.instructions)
     state.ended_by = worker.first_run(state.channel, name, sampler, fork=state.fork,
                                       files=worker.loaded_files(state.roots), warm=warm if state.fork else None,
                                       count=count if counted else None)

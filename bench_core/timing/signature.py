@@ -106,3 +106,38 @@ def _reason(text) -> str:
     lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
     explained = next((ln.removeprefix("Explanation:").strip() for ln in lines[1:] if ln.startswith("Explanation:")), "")
     return (lines[0] + (f": {explained}" if explained else ""))[:200]
+
+
+def instructions(fn: Callable[[], Any], setup: Callable[[], Any] | None, folder: str) -> int:
+    """Host instructions of one call of `fn`, in a process running under valgrind's callgrind (started with
+    --collect-atstart=no and its output files in `folder`, see `workflows.worker.callgrind_argv`): two calls to
+    warm up (the first allocates and chooses kernels), then collection toggled on around one call and its counts
+    dumped and read back, as torch.utils.benchmark's collect_callgrind counts."""
+    import os
+    from pathlib import Path
+
+    import torch
+
+    if not torch._C._valgrind_supported_platform():
+        raise RuntimeError("this torch build cannot toggle callgrind's collection")
+
+    def call():
+        if setup is not None:
+            setup()
+        fn()
+    call()
+    call()
+    if setup is not None:
+        setup()
+    torch._C._valgrind_toggle()
+    fn()
+    torch._C._valgrind_toggle_and_dump_stats()
+    dumps = sorted(Path(folder).glob(f"cg.{os.getpid()}.out.*"), key=lambda p: int(p.suffix.lstrip(".") or 0))
+    if not dumps:
+        raise RuntimeError(f"no callgrind output in {folder}: is this process running under valgrind?")
+    text = dumps[-1].read_text(errors="replace")
+    dumps[-1].unlink()
+    totals = [line.split()[1] for line in text.splitlines() if line.startswith(("totals:", "summary:"))]
+    if not totals:
+        raise RuntimeError(f"callgrind's output {dumps[-1].name} has no totals line")
+    return int(totals[-1])

@@ -36,6 +36,9 @@ def run(session, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs)
         first = count_work(session, first, fn, kwargs.get("setup"))   # before the gate, which compares the counts
     if counts_signature(session, scenario):    # the same: what one step does, counted exactly
         first = count_signature(session, first, fn, kwargs.get("setup"))
+    if session.config.instructions:
+        session.uncounted.append(f"{scenario.name}: instructions not counted: they are counted side by side "
+                                 f"(--bench-against), where each side has a process of its own")
     counts = session.counts(kwargs.get("warmup"), kwargs.get("repeats"))
     m, c = gate(session, first, None if replicate is None else lambda: replicate(*counts))
     session.results.append(m)

@@ -76,6 +76,7 @@ class ServeState:
         self.side, self.threads = init.get("side", "side"), init.get("threads")
         self.roots: list[str] = list(init.get("roots", []))
         self.signature = bool(init.get("signature"))   # count the step's work signature before serving it
+        self.instructions: str | None = init.get("instructions")   # under callgrind: count, into this folder
         self.requested: str | None = None   # the scenario the item under way is to serve
         self.round = False                  # this run of the item serves a round (else: it warms and counts)
         self.reached = False                # this run of the item reached bench.run for the scenario asked for
@@ -250,14 +251,19 @@ class Worker:
         to_child, from_parent = os.pipe()
         to_parent, from_child = os.pipe()
         argv = list(init["argv"]) + [f"--bench-serve={to_child},{from_child}"]
+        env = init.get("env")
+        if init.get("instructions"):
+            argv = callgrind_argv(argv, init["instructions"])
+            # the interpreter's hash seed changes its dictionaries' layout, and so the instructions it runs
+            env = {**(env if env is not None else os.environ), "PYTHONHASHSEED": "0"}
         try:
-            self.proc = children.start(argv, cwd=init["tree"], env=init.get("env"), stdin=subprocess.DEVNULL,
+            self.proc = children.start(argv, cwd=init["tree"], env=env, stdin=subprocess.DEVNULL,
                                        stdout=self.log, stderr=subprocess.STDOUT, pass_fds=(to_child, from_child))
         finally:
             os.close(to_child)
             os.close(from_child)
         self.channel = Channel(to_parent, from_parent)
-        self._write({k: init.get(k) for k in ("side", "threads", "device", "roots", "signature")})
+        self._write({k: init.get(k) for k in ("side", "threads", "device", "roots", "signature", "instructions")})
 
     @property
     def alive(self) -> bool:
@@ -281,7 +287,8 @@ class Worker:
             self.ran = {"pid": out["pid"], "forked_rounds": out["fork"], "files": out["files"],
                         "forwarded": self.init.get("forwarded", []),
                         "interpreter": self.init["python"], **self.environment, "tree": self.init["tree"],
-                        **{k: out[k] for k in ("signature", "signature_error") if k in out}}
+                        **{k: out[k] for k in ("signature", "signature_error", "instructions", "instructions_error")
+                           if k in out}}
 
     def round(self):
         """A fresh instance for a round; returns the scenario record it declared (or None)."""
@@ -381,6 +388,13 @@ class Worker:
         self.close()
 
 
+def callgrind_argv(argv: list[str], folder: str) -> list[str]:
+    """A server's command under valgrind's callgrind, collecting nothing until the step toggles it on
+    (`timing.signature.instructions`), its output files in `folder`."""
+    return ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={folder}/cg.%p.out",
+            *argv]
+
+
 class WorkerPool:
     """Side servers kept for a whole session, slot by slot: a server serves one scenario of its test file after
     another, because starting one (importing torch, collecting) costs seconds and serving a scenario less. A server
@@ -390,6 +404,7 @@ class WorkerPool:
         self.timeout_s = timeout_s
         self._slots: dict[tuple, Worker] = {}
         self.started, self.scenarios = 0, set()     # what the session's process mode cost, for its report
+        self._scratch: str | None = None
 
     def get(self, side: str, k: int, init: Mapping[str, Any], spec: Mapping[str, Any]) -> Worker:
         """Slot (side, k)'s server for `init` (one with other settings, or a dead one, is replaced), to serve
@@ -417,6 +432,12 @@ class WorkerPool:
         if w is not None:
             w.close()
 
+    def scratch(self) -> str:
+        """A folder for the servers' own files (callgrind's), removed with the pool."""
+        if self._scratch is None:
+            self._scratch = tempfile.mkdtemp(prefix="bench_core-servers-")
+        return self._scratch
+
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._slots.values() if w.alive]
 
@@ -425,6 +446,11 @@ class WorkerPool:
             w.ask_to_quit()
         for key in list(self._slots):
             self.discard(key)
+        if self._scratch is not None:
+            import shutil
+
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
 
 # glibc decides per process whether a freed large block is kept for reuse or returned to the system (and faulted in

@@ -104,11 +104,12 @@ def close_revision(session) -> None:
 
 def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any], rev_build: Callable[[int], Any],
                 *, items: int | None = None, proof: Mapping[str, Any] | None = None, clock=None,
-                backend=None) -> tuple[Measurement, Comparison | None]:
+                backend=None, servers: Callable[[], Mapping] | None = None) -> tuple[Measurement, Comparison | None]:
     """Measure the current code (`live`, then `rebuild(round)`) and the revision's (`rev_build(round)`)
     side by side in this process; returns the current side's result and the decision. The revision
     failing leaves the current side measured on its own, with the reason kept; the current side failing
-    fails the scenario."""
+    fails the scenario. `servers()`: each side's server, for what only a process of its own can count (host
+    instructions)."""
     a, quick = session.config.against, session.config.quick
     looks, pairs = a.looks(quick), QUICK.pairs if quick else a.pairs
     build = {"candidate": lambda r: live if r == 0 else rebuild(r), "baseline": rev_build}
@@ -135,7 +136,9 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
            f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
     return _side_by_side(session, scenario, live, sides, f"{how} x {pairs} pairs, fresh instances every round, one "
                                                          f"process", items, proof, clock, backend, looks,
-                         signatures=signatures, explain=explain)
+                         signatures=signatures, explain=explain,
+                         instructions=None if servers is None else lambda: count_instructions(session, scenario.name,
+                                                                                             servers()))
 
 
 def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str, tuple[Mapping, Mapping]], *,
@@ -198,7 +201,8 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                                                            f"{malloc}",
                              items, proof, None, None, looks, cold=cold,
                              signatures=lambda: _served_signatures(session, scenario.name, ran),
-                             explain=lambda: tuple(profiled))
+                             explain=lambda: tuple(profiled),
+                             instructions=lambda: count_instructions(session, scenario.name, sides))
     k, rounds = (a.quick_processes, 1) if quick else (a.processes, a.process_rounds)
 
     def run_pairs(judge):
@@ -223,6 +227,41 @@ def _profile_served(session, name: str, servers) -> list[str]:
             session.uncounted.append(f"{name} ({side}): no profiler pass: {exc.problem}")
             return []
     return moved(times["baseline"], times["candidate"])
+
+
+def count_instructions(session, name: str, sides: Mapping[str, tuple[Mapping, Mapping]]) -> tuple:
+    """(baseline, current) host instructions of one step, each counted by a server of its own side run under
+    valgrind's callgrind (`sides`: as for process mode), after the comparison; None where not counted, and the
+    session says why."""
+    import shutil
+
+    if shutil.which("valgrind") is None:
+        session.uncounted.append(f"{name}: instructions not counted: valgrind is not installed (e.g. apt install "
+                                 f"valgrind)")
+        return None, None
+    pool = worker_pool(session)
+    folder, reports = pool.scratch(), {}
+    spawn = {side: (lambda j, side=side: pool.get(side, j, {**sides[side][0], "instructions": folder},
+                                                  sides[side][1])) for side in sides}
+
+    def release(side, j, worker, ok):
+        reports[side] = worker.ran
+        if ok:
+            try:
+                worker.done()
+            except ScenarioError:
+                ok = False
+        pool.release(worker, ok)
+    try:
+        with_servers(spawn, 0, lambda servers: None, release=release)
+    except SideError as exc:
+        session.uncounted.append(f"{name}: instructions not counted: {exc.problem}")
+        return None, None
+    for side in ("baseline", "candidate"):
+        if "instructions" not in reports.get(side, {}):
+            session.uncounted.append(f"{name} ({side}): instructions not counted: "
+                                     f"{reports.get(side, {}).get('instructions_error', 'its server did not count')}")
+    return tuple(reports.get(side, {}).get("instructions") for side in ("baseline", "candidate"))
 
 
 def _served_signatures(session, name: str, ran: Mapping[str, list]):
@@ -284,7 +323,7 @@ class _Judge:
 
 
 def _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks=(), cold=None,
-                  signatures=None, explain=None):
+                  signatures=None, explain=None, instructions=None):
     a, dev = session.config.against, session.config.device
     scenario = scenario.with_metadata(device=dev)
     threads = set_threads(session.config.threads)
@@ -314,6 +353,8 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
             session.uncounted.append(f"{scenario.name}: work signature not counted in process mode")
         else:
             counted = signatures()
+            if session.config.instructions:
+                counted = _with_instructions(session, scenario.name, counted, instructions)
             m = replace(m, signature=counted[1]) if counted[1] is not None else m
     session.results.append(m)
     if res is None:
@@ -332,6 +373,15 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
     session.against_records.append({"scenario": scenario.name, "comparison": c.to_dict(), "method": c.method,
                                     "rounds": rounds[0] if len(rounds) == 1 else rounds, "code": dict(proof or {})})
     return m, c
+
+
+def _with_instructions(session, name, counted, instructions):
+    """The two signatures with each side's host instructions per step, where both are counted."""
+    if instructions is None:
+        session.uncounted.append(f"{name}: instructions not counted: this comparison has no process of each side")
+        return counted
+    counts = instructions()
+    return tuple(sig if sig is None or n is None else replace(sig, instructions=n) for sig, n in zip(counted, counts))
 
 
 def _current_side(session, scenario, live, res, items, threads, cold=None) -> Measurement:
