@@ -418,3 +418,24 @@ def test_side_by_side_counts_each_sides_instructions_in_a_process_of_its_own(pyt
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "valgrind" else which(name, *a, **k))
     res = pytester.runpytest(*args)
     assert "instructions not counted: valgrind is not installed" in " ".join(res.stdout.str().split())
+
+
+def test_a_compiled_steps_cold_start_is_split_into_tracing_and_compilation():
+    """torch.compile's own phase totals around the first call: tracing (dynamo) and the backend's compilation,
+    both inside the cold start, reported under the results; a step that compiles nothing has no split (n/o)."""
+    import torch._dynamo
+    from bench_core import Scenario, measure
+    from bench_core.output.tables import session_table
+
+    torch._dynamo.reset()
+    x = torch.randn(16)
+    g = torch.compile(lambda x: x.sin().cos(), backend="eager")
+    m = measure(lambda: g(x), scenario=Scenario("compiled", ("forward",)), warmup=0, repeats=3)
+    c = m.cold_start
+    assert c.tracing_ms > 0 and c.compiling_ms >= 0 and c.tracing_ms + c.compiling_ms <= c.first_call_ms
+    assert "compiled: its cold start" in " ".join(session_table([m], wide=True).split())
+    plain = measure(lambda: x.sin(), scenario=Scenario("plain", ("forward",)), warmup=0, repeats=3)
+    assert plain.cold_start.tracing_ms is None and plain.cold_start.compiling_ms is None
+    from bench_core.files.storage import measurement_doc, measurement_from_doc
+
+    assert measurement_from_doc(measurement_doc(m)).cold_start == c

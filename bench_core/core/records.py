@@ -67,6 +67,8 @@ class ColdStart:
     first_call_ms: float                 # host, end-to-end, of the first call after setup
     first_call_gpu_ms: float | None = None
     load_ms: float | None = None         # a separate `load` step (model construction, state load, move)
+    tracing_ms: float | None = None      # torch.compile inside the first call: dynamo's tracing (and guards)
+    compiling_ms: float | None = None    # ... and its backend's compilation (inductor); None: nothing compiled
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,9 @@ def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, st
     out += below([f"{m.name} (!): {shape}" for m, shape in zip(results, shapes) if shape], wide)
     out += below([f"{m.name}: the GPU during its window: {'; '.join(m.telemetry['flags'])}"
                   for m in results if m.telemetry is not None and m.telemetry["flags"]], wide)
+    out += below([f"{m.name}: its cold start {_ms(m.cold_start.first_call_ms)} held torch.compile's tracing "
+                  f"{_ms(m.cold_start.tracing_ms)} and compilation {_ms(m.cold_start.compiling_ms)} (end-to-end)"
+                  for m in results if m.cold_start.tracing_ms is not None], wide)
     if errors:
         out += "\n\nfailed scenarios:" + below([f"  {n}: {p}" for n, p in errors], wide)
     return out

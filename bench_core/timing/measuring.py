@@ -67,7 +67,7 @@ def measure(
             repeats=repeats,
             host_ms=tuple(x.host_ms for x in samples),
             gpu_ms=tuple(x.gpu_ms for x in samples) if backend.kind == "cuda" else None,
-            cold_start=ColdStart(cold.host_ms, cold.gpu_ms, load_ms),
+            cold_start=ColdStart(cold.host_ms, cold.gpu_ms, load_ms, *taken.cold_compile),
             items=items,
             threads=used_threads,
             memory=window.memory,

@@ -17,6 +17,7 @@ The decision over the rounds is `deciding.rounds`. Pure apart from calling the b
 from __future__ import annotations
 
 import random
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -61,6 +62,29 @@ class Series:
     cold: Sample
     samples: tuple[Sample, ...]
     beside: tuple[Sample, ...] = ()
+    cold_compile: tuple[float | None, float | None] = (None, None)   # (tracing_ms, compiling_ms), see below
+
+
+def compile_clock() -> dict[str, int] | None:
+    """torch.compile's own running totals of its phases (ns), where torch._dynamo is loaded; None where not."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    totals = getattr(utils, "cumulative_time_spent_ns", None)
+    return None if totals is None else dict(totals)
+
+
+def compile_split(before: dict[str, int] | None) -> tuple[float | None, float | None]:
+    """(tracing_ms, compiling_ms) that torch.compile spent since `before` (`compile_clock()`): dynamo's frame
+    compilation less the backend's, and the backend's (inductor's code generation and compilation). (None, None)
+    where nothing was compiled, or torch._dynamo was not there to say: not observed, never zero."""
+    after = compile_clock()
+    if after is None:
+        return None, None
+    before = before or {}
+    total = after.get("entire_frame_compile", 0) - before.get("entire_frame_compile", 0)
+    backend = after.get("backend_compile", 0) - before.get("backend_compile", 0)
+    if total <= 0:
+        return None, None
+    return max(total - backend, 0) / 1e6, backend / 1e6
 
 
 def series(sampler: Sampler, fn: Callable[[], Any], *, warmup: int, repeats: int,
@@ -80,7 +104,9 @@ def series(sampler: Sampler, fn: Callable[[], Any], *, warmup: int, repeats: int
     phase = phase or (lambda name: None)
     phase("cold start")
     prepared("the first call")
+    before = compile_clock()
     cold = sampler.sample(fn, what="the first call (cold start)")
+    cold_compile = compile_split(before)
     phase("warmup")
     for i in range(warmup):
         prepared(f"warmup call {i}")
@@ -105,7 +131,7 @@ def series(sampler: Sampler, fn: Callable[[], Any], *, warmup: int, repeats: int
                     sampler.call(f"undoing beside sample {i}", undo)
             if progress is not None:
                 progress("samples", i + 1, repeats)
-    return Series(cold, tuple(samples), tuple(besides))
+    return Series(cold, tuple(samples), tuple(besides), cold_compile)
 
 
 @dataclass(frozen=True)
