@@ -9,15 +9,16 @@ from bench_core.shells import cli
 from bench_core.shells import options as opt
 
 
-def _cli_actions(subcommand: str) -> dict:
+def _cli_actions(*subcommands: str) -> dict:
     parser = cli.build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[subcommand]
-    return {a.option_strings[0]: a for a in sub._actions if a.option_strings}
+    for name in subcommands:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return {a.option_strings[0]: a for a in parser._actions if a.option_strings}
 
 
 def test_every_cli_option_that_the_plugin_has_is_the_same_option():
     shared = [o for o in opt.OPTIONS if o.cli]
-    actions = _cli_actions("compare")
+    actions = {**_cli_actions("history", "show"), **_cli_actions("compare")}
     assert {o.cli for o in shared} <= set(actions) | {"--baselines"}
     for o in shared:
         a = actions[o.cli]

@@ -212,10 +212,12 @@ def run_doc(results: Sequence[Measurement], environment: Mapping[str, Any],
 def write_session(folder: Path, results: Sequence[Measurement], environment: Mapping[str, Any],
                   errors: Iterable[Mapping[str, str]] = (), comparisons: Sequence[Mapping[str, Any]] = (),
                   against: Mapping[str, Any] | None = None,
-                  replicas: Mapping[str, Sequence[Measurement]] | None = None) -> Path:
-    """Write one session's results under a new, unused name in `folder`; returns the path."""
+                  replicas: Mapping[str, Sequence[Measurement]] | None = None,
+                  run: Mapping[str, Any] | None = None) -> Path:
+    """Write one session's results under a new, unused name in `folder`; returns the path. `run`: the run's
+    document made already (`run_doc`), where something else records the same run."""
     doc = {"format": SESSION_FORMAT, "schema_version": SCHEMA_VERSION,
-           **run_doc(results, environment, errors)}
+           **(dict(run) if run is not None else run_doc(results, environment, errors))}
     if comparisons:  # the gate's decisions, for CI artifacts; never read back as results
         doc["comparisons"] = [dict(c) for c in comparisons]
     if against is not None:  # side by side with another revision: both revisions, rounds, code proof
@@ -389,6 +391,17 @@ def _baseline(doc: Any, path: Path) -> tuple[dict, list[list[Measurement]]]:
 
 def load_baseline_doc(path: Path) -> dict:
     return _baseline(_read_json(path), path)[0]
+
+
+def load_run_docs(path: Path) -> list[dict]:
+    """The runs of a baseline file, or a session file taken as one run, each a document with `run_id`, `created`,
+    `environment` and `results`, all checked before any is returned."""
+    doc = _read_json(path)
+    if isinstance(doc, dict) and doc.get("format") == SESSION_FORMAT:
+        _check_header(doc, path, SESSION_FORMAT)
+        _load_results(doc, path, "")
+        return [doc]
+    return list(_baseline(doc, path)[0]["runs"])
 
 
 def load_runs(path: Path) -> list[list[Measurement]]:

@@ -12,16 +12,27 @@ from bench_core.output.summary import plot_groups, shown
 Reporter = Callable[..., str]
 
 
-def session_file(s) -> str:
+def session_file(s, run) -> str:
     against = None
     if s.revision is not None:
         against = {"baseline": s.revision.revision.to_dict(), "current": s.revision.current.to_dict(),
                    "scenarios": s.against_records,
                    "one_side": [{"scenario": n, "note": t} for n, t in s.one_side]}
-    p = storage.write_session(s.config.results_dir, s.results, s.environment,
-                              [{"scenario": n, "problem": p} for n, p in s.errors],
-                              [c.to_dict() for c in s.comparisons], against=against, replicas=s.replicas)
+    p = storage.write_session(s.config.results_dir, s.results, s.environment, (),
+                              [c.to_dict() for c in s.comparisons], against=against, replicas=s.replicas, run=run)
+    s.session_path = p
     return f"results written to {p}"
+
+
+def history_record(s, run) -> str:
+    """This session's run appended to the history store (the same run_id as its session file, so importing the
+    file later adds nothing)."""
+    from bench_core.files import git, history
+
+    branch = git.output(s.config.history.parent, "rev-parse", "--abbrev-ref", "HEAD")
+    source = str(getattr(s, "session_path", "") or "") or None
+    added = history.record_session(s.config.history, run, source, branch)
+    return f"history: this run {'added to' if added else 'already in'} {s.config.history}"
 
 
 def decision_record(name: str, res) -> Reporter:
@@ -77,8 +88,11 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
     if not s.results and not s.errors and not s.decisions:
         return lines, failures
     reporters: list[Reporter] = []
+    run = storage.run_doc(s.results, s.environment, [{"scenario": n, "problem": p} for n, p in s.errors])
     if s.config.results_dir is not None:
-        reporters += [session_file, *(decision_record(name, res) for name, res in s.decisions)]
+        reporters += [lambda s: session_file(s, run), *(decision_record(name, res) for name, res in s.decisions)]
+    if s.config.history is not None and s.results and not s.config.quick:
+        reporters.append(lambda s: history_record(s, run))
     if s.config.pb_json is not None:
         reporters.append(pytest_benchmark_json)
     if s.config.markdown is not None:

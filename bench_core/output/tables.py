@@ -439,3 +439,22 @@ def hypotheses_table(rows: Sequence, f, fmt: str = "simple") -> str:
         return head + "\nno rule matched: nothing in this trace points at a hypothesis"
     return head + "\n" + tabulate([[r.observation, r.hypothesis, r.next_check] for r in rows],
                                   headers=["observation", "hypothesis", "next check"], tablefmt=fmt, maxcolwidths=[50, 34, 50])
+
+
+def history_table(history, wide: bool = False) -> str:
+    """One machine's runs of a scenario, oldest first, and its change points under them."""
+    starts = {c.point.index: c for c in history.changes}
+    rows = []
+    for i, p in enumerate(history.points):
+        mark = f"<- {starts[i].point.ratio:.3f}x" if i in starts else ""
+        rows.append([i + 1, p.created[:19], (p.commit or "-")[:12] + ("+" if p.dirty else ""), p.branch or "-",
+                     _ms(p.median_ms), p.n, mark])
+    out = fit(["run", "created", "commit", "branch", "median ms", "n", "change"], rows, wide=wide,
+              foldable=("branch", "n"), droppable=())
+    lines = [f"change point at run {c.point.index + 1} ({c.commits}): {c.point.ratio:.3f}x "
+             f"[{c.point.ci_low:.3f}, {c.point.ci_high:.3f}] ({c.point.confidence:.0%}), permutation "
+             f"p={c.point.p_value:.3g}, {c.point.before} runs before and {c.point.after} after in its segment"
+             for c in history.changes]
+    lines = lines or [f"no change point in {len(history.points)} runs (the search needs at least 6)"
+                      if len(history.points) < 6 else f"no change point in {len(history.points)} runs"]
+    return out + below(lines, wide)

@@ -1,4 +1,5 @@
-"""Command line without pytest: `python -m bench_core compare BASELINE NEW`, `show FILE`, `baseline list|drop NAME`.
+"""Command line without pytest: `python -m bench_core compare BASELINE NEW`, `show FILE`, `baseline list|drop NAME`,
+`history list|show|import|export`.
 
 Exit status: 0 nothing regressed, 1 something regressed, is incomparable, or failed in the new session,
 2 unusable input (a damaged file, or samples that can never give a decision).
@@ -122,6 +123,42 @@ def cmd_baseline(ns) -> int:
     return EXIT_OK
 
 
+def cmd_history(ns) -> int:
+    from tabulate import tabulate
+
+    from bench_core.files.history import History, export
+    from bench_core.output.tables import history_table
+    from bench_core.workflows.history import scenario_history
+
+    try:
+        with History(Path(ns.bench_history), create=ns.action == "import") as h:
+            if ns.action == "import":
+                for f in ns.files:
+                    added, held = h.import_file(Path(f))
+                    print(f"{f}: {added} run(s) added, {held} already held")
+            elif ns.action == "list":
+                print(tabulate(h.scenarios(), headers=["scenario", "runs", "latest"], disable_numparse=True))
+                print()
+                print(tabulate([(k, doc, n) for k, doc, n in h.machines()], headers=["machine", "what", "runs"],
+                               disable_numparse=True))
+            elif ns.action == "export":
+                sys.stdout.write(export(list(h.rows()), ns.format))
+            else:
+                found = scenario_history(h, ns.scenario, machine=ns.machine, branch=ns.branch, alpha=ns.alpha)
+                if not found:
+                    print(f"bench_core history: no run of scenario {ns.scenario!r} in {ns.bench_history}"
+                          f"{' on that machine/branch' if ns.machine or ns.branch else ''}", file=sys.stderr)
+                    return EXIT_BAD_INPUT
+                for mh in found:
+                    print(f"{ns.scenario} on machine {mh.machine}:")
+                    print(history_table(mh, wide=ns.bench_wide))
+                    print()
+    except (BenchError, ValueError) as exc:
+        print(f"bench_core history: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     called = Path(sys.argv[0]).name
     ap = argparse.ArgumentParser(prog=called if called.startswith("bench-core") else "python -m bench_core",
@@ -152,6 +189,23 @@ def build_parser() -> argparse.ArgumentParser:
     for parser in (bl, bd):
         opt.add_to_cli(parser, opt.BASELINES)
     b.set_defaults(func=cmd_baseline)
+    h = sub.add_parser("history", help="the history store: every run by commit, branch and machine; change points")
+    hsub = h.add_subparsers(dest="action", required=True)
+    hl = hsub.add_parser("list", help="the scenarios held, with their runs, and the machines")
+    hs = hsub.add_parser("show", help="one scenario's runs per machine, oldest first, with its change points")
+    hs.add_argument("scenario")
+    hs.add_argument("--machine", help="only this machine's runs (its key, as `history list` shows it)")
+    hs.add_argument("--branch", help="only this branch's runs")
+    hs.add_argument("--alpha", type=float, default=0.01,
+                    help="each change point's permutation test level (0.01; docs/history.md has the error rates)")
+    hi = hsub.add_parser("import", help="add session files and baseline files (every run); a run held already is "
+                                       "not added twice")
+    hi.add_argument("files", nargs="+")
+    he = hsub.add_parser("export", help="every result with its run's commit, branch and machine, to stdout")
+    he.add_argument("--format", choices=("csv", "json"), default="csv")
+    for parser in (hl, hs, hi, he):
+        opt.add_to_cli(parser, opt.HISTORY, opt.WIDE)
+    h.set_defaults(func=cmd_history)
     return ap
 
 

@@ -50,6 +50,7 @@ class Option:
         return kw
 
 
+HISTORY = "--bench-history"
 GPU, QUICK, WARMUP, REPEATS, THREADS = "--gpu", "--bench-quick", "--bench-warmup", "--bench-repeats", "--bench-threads"
 OUT, NO_OUT, SAVE, APPEND, SAVE_INCOMPLETE = ("--bench-out", "--bench-no-out", "--bench-save", "--bench-append",
                                               "--bench-save-incomplete")
@@ -110,7 +111,7 @@ def _options() -> tuple[Option, ...]:
                         "threads split the samples into clusters); 'auto' keeps torch's own default; recorded in every "
                         "result", str, metavar="N|auto"),
         Option(OUT, "folder for the session's JSON results (never overwritten)", str, ".bench/results"),
-        Option(NO_OUT, "write no session JSON"),
+        Option(NO_OUT, "write no session JSON (and add nothing to the history)"),
         Option(SAVE, "store this session as baseline NAME", str, metavar="NAME"),
         Option(APPEND, "with --bench-save: add this session as another run of NAME"),
         Option(SAVE_INCOMPLETE, "with --bench-save: store the session even when it was interrupted or a test failed"),
@@ -178,7 +179,13 @@ def _options() -> tuple[Option, ...]:
         Option(PROFILE_TB, "diagnose: also write for the TensorBoard profiler plugin"),
         Option(PROFILE_REFUSE, "diagnose: refuse to write a trace holding sensitive strings, instead of redacting "
                                "them"),
-    ) + _against_options()
+    ) + _against_options() + _history_options()
+
+
+def _history_options() -> tuple[Option, ...]:
+    return (Option(HISTORY, "the history store every run is added to (SQLite; 'none': none); --bench-quick runs are "
+                            "not added (their sizes are not the scenario's); `bench-core history` reads it", str,
+                   ".bench/history.sqlite", metavar="PATH", cli="--history"),)
 
 
 OPTIONS = _options()
@@ -303,6 +310,7 @@ def session_config(value: Values, root: Path, device: str):
         device=device, warmup=value(WARMUP), repeats=value(REPEATS), quick=value(QUICK),
         threads=threads(value(THREADS), device),
         results_dir=None if value(NO_OUT) else root / value(OUT), baselines_dir=root / value(BASELINES),
+        history=None if value(NO_OUT) or value(HISTORY) in (None, "none") else root / value(HISTORY),
         save=value(SAVE), append=value(APPEND), save_incomplete=value(SAVE_INCOMPLETE), compare=value(COMPARE),
         pb_json=value(PB_JSON), gate=gate_config(value), profile=profile_config(value, device),
         references_dir=root / value(REFS), save_references=value(REF_SAVE), against=against_config(value),
@@ -317,6 +325,8 @@ def session_config(value: Values, root: Path, device: str):
                          (REFS, cfg.references_dir)):
         if folder is not None and folder.exists() and not folder.is_dir():   # found now, not after the measuring
             raise ValueError(f"{flag} {folder}: is a file; give a folder")
+    if cfg.history is not None and cfg.history.is_dir():
+        raise ValueError(f"{HISTORY} {cfg.history}: is a folder; give a file (or 'none')")
     if cfg.plots is not None:   # found now, not after minutes of measuring
         from bench_core.output.plots import NEEDS, available
 

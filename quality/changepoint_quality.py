@@ -1,0 +1,61 @@
+"""How good are the history's change points? Simulated histories of run-level mean log times (the method's own
+arithmetic; no machine time is involved, so the figures hold on any machine for the spreads given).
+
+    python quality/changepoint_quality.py [--histories 30] [--runs 30] [--spreads 0.025,0.052,0.089] [--alpha 0.01]
+
+Per run-to-run spread (the sd of a run's mean log time: this machine's measured spreads are in docs/gate.md):
+false change points in A/A histories (no step), and, with a step of 10% (and 25%) after run 18, how often a
+change point is found within one run of it and at it exactly, with the median estimated ratio. Normal noise,
+and normal noise with one run in ten 30% slow (a shared machine's slow processes).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+from tabulate import tabulate
+
+from bench_core.deciding.changepoints import change_points
+
+
+def history(rng, runs, spread, step, slow):
+    x = rng.normal(0, spread, runs)
+    if slow:
+        x += np.where(rng.random(runs) < 0.1, math.log(1.3), 0.0)
+    x[18:] += math.log(step)
+    return x
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--histories", type=int, default=30)
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--spreads", default="0.025,0.052,0.089")
+    ap.add_argument("--alpha", type=float, default=0.01)
+    ns = ap.parse_args()
+    rng = np.random.default_rng(0)
+    rows = []
+    for slow in (False, True):
+        for spread in (float(s) for s in ns.spreads.split(",")):
+            aa = sum(len(change_points(history(rng, ns.runs, spread, 1.0, slow), alpha=ns.alpha, seed=i))
+                     for i in range(ns.histories))
+            row = ["1 in 10 runs 30% slow" if slow else "normal", f"{spread:.1%}", f"{aa}/{ns.histories}"]
+            for step in (1.10, 1.25):
+                near = exact = 0
+                ratios = []
+                for i in range(ns.histories):
+                    cps = change_points(history(rng, ns.runs, spread, step, slow), alpha=ns.alpha, seed=i)
+                    hit = [c for c in cps if abs(c.index - 18) <= 1]
+                    near += bool(hit)
+                    exact += any(c.index == 18 for c in cps)
+                    ratios += [c.ratio for c in hit[:1]]
+                row.append(f"{near}/{ns.histories} ({exact} exact; median {np.median(ratios) if ratios else math.nan:.3f})")
+            rows.append(row)
+    print(f"{ns.histories} histories of {ns.runs} runs, the step after run 18, alpha {ns.alpha}")
+    print(tabulate(rows, headers=["noise", "spread", "A/A false change points", "+10% found within 1 run",
+                                  "+25% found within 1 run"]))
+
+
+if __name__ == "__main__":
+    main()

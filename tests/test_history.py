@@ -1,0 +1,149 @@
+"""The history store (SQLite), change points in a scenario's history, and the CLI that reads them."""
+import json
+import math
+import sqlite3
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bench_core.deciding.changepoints import change_points, shift
+from bench_core.files import storage
+from bench_core.files.history import History, HistoryError, machine_key
+from helpers import ENV, runs
+
+
+def _run(levels, commit, created, name="step", env=None, seed=0):
+    env = {**ENV, "git_commit": commit, "git_dirty": False, **(env or {})}
+    return storage.run_doc(runs(levels, n=10, spread=0.01, seed=seed, name=name, env=env), env, created=created)
+
+
+def _history(tmp_path, levels, env=None):
+    """One run per level, commit c00, c01, ..., a minute apart."""
+    path = tmp_path / "h.sqlite"
+    with History(path) as h:
+        for i, level in enumerate(levels):
+            h.add_run(_run([level], f"c{i:02d}" + "0" * 38, f"2026-12-03T10:{i:02d}:00+00:00", env=env, seed=i))
+    return path
+
+
+def test_a_run_is_kept_once_whole_and_read_back_by_scenario_and_machine(tmp_path):
+    path = tmp_path / "h.sqlite"
+    run = _run([2.0], "a" * 40, "2026-12-03T10:00:00+00:00")
+    session = storage.write_session(tmp_path / "res", [], ENV, run=run)
+    with History(path) as h:
+        assert h.add_run(run, source="live") is True
+        assert h.import_file(session) == (0, 1)          # the same run_id: recorded and imported is one run
+        (p,) = h.series("step")
+        assert p.commit == "a" * 40 and p.median_ms == pytest.approx(2.0, rel=0.02) and p.n == 10
+        assert p.mean_log == pytest.approx(math.log(2.0), abs=0.02) and p.machine == machine_key(ENV)
+        other = {**ENV, "hostname": "b"}
+        h.add_run(_run([3.0], "b" * 40, "2026-12-03T11:00:00+00:00", env=other))
+        assert [x.median_ms > 2.5 for x in h.series("step")] == [False, True]
+        assert len(h.series("step", machine=machine_key(other))) == 1
+        assert [r["scenario"] for r in h.rows()] == ["step", "step"]
+
+
+def test_a_baseline_file_adds_every_run_and_a_foreign_or_newer_file_is_refused(tmp_path):
+    base = tmp_path / "baselines"
+    for i in range(3):
+        storage.save_baseline(base, "main", runs([1.0 + i], name="step"), {**ENV, "git_commit": f"{i}" * 40},
+                              append=i > 0)
+    with History(tmp_path / "h.sqlite") as h:
+        assert h.import_file(storage.baseline_path(base, "main")) == (3, 0)
+        assert h.import_file(storage.baseline_path(base, "main")) == (0, 3)
+    foreign = tmp_path / "other.sqlite"
+    with sqlite3.connect(foreign) as con:
+        con.execute("CREATE TABLE t (x)")
+    with pytest.raises(HistoryError, match="other.sqlite: an SQLite file that is not a bench_core history"):
+        History(foreign)
+    newer = tmp_path / "h.sqlite"
+    with sqlite3.connect(newer) as con:
+        con.execute("UPDATE meta SET value = '99' WHERE key = 'version'")
+    with pytest.raises(HistoryError, match="version 99 is newer"):
+        History(newer)
+    with pytest.raises(HistoryError, match="no history file here"):
+        History(tmp_path / "missing.sqlite", create=False)
+
+
+WRITER = '''
+import sys
+from bench_core.files import storage
+from bench_core.files.history import History
+from helpers import ENV, runs
+with History(sys.argv[1]) as h:
+    for i in range(int(sys.argv[3])):
+        env = {**ENV, "git_commit": sys.argv[2] * 40}
+        h.add_run(storage.run_doc(runs([1.0], n=5, name="step", seed=i, env=env), env))
+'''
+
+
+def test_two_runners_writing_one_history_each_see_every_run_whole(tmp_path):
+    path, tests = tmp_path / "h.sqlite", str(__import__("pathlib").Path(__file__).parent)
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), tag, "25"], cwd=tests,
+                              env={"PYTHONPATH": tests, "PATH": "/usr/bin:/bin"}) for tag in "ab"]
+    try:
+        assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            p.kill()
+    with History(path) as h:
+        commits = [p.commit[0] for p in h.series("step")]
+    assert sorted(commits) == ["a"] * 25 + ["b"] * 25
+
+
+def test_change_points_find_a_step_and_none_in_noise():
+    """Seeded simulations (the method's own arithmetic, no timing): at a run-to-run spread of 2.5% a 10% step in
+    30 runs is found within one run of where it is in at least 27 of 30 histories; 30 histories without a step
+    give at most one change point in all."""
+    rng = np.random.default_rng(7)
+    false = sum(len(change_points(rng.normal(0, 0.025, 30), seed=i)) for i in range(30))
+    found = 0
+    for i in range(30):
+        x = rng.normal(0, 0.025, 30)
+        x[18:] += math.log(1.10)
+        cps = change_points(x, seed=i)
+        found += any(abs(c.index - 18) <= 1 and 1.05 < c.ratio < 1.15 for c in cps)
+    assert false <= 1 and found >= 27
+    est, low, high = shift([0.0, 0.1, 0.2], [1.0, 1.1, 1.2], confidence=0.8)
+    assert est == pytest.approx(1.0) and low <= 1.0 <= high
+    with pytest.raises(ValueError, match="finite"):
+        change_points([0.0, float("nan")] * 4)
+
+
+def test_the_cli_shows_a_scenarios_history_with_its_change_point_and_commits(tmp_path, capsys):
+    from bench_core.shells.cli import main
+
+    path = _history(tmp_path, [1.0] * 10 + [1.25] * 10)
+    assert main(["history", "show", "step", "--history", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "change point at run 11 (c09000000000..c10000000000): 1.2" in out
+    assert main(["history", "list", "--history", str(path)]) == 0
+    assert "step 20" in " ".join(capsys.readouterr().out.split())
+    assert main(["history", "export", "--format", "json", "--history", str(path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 20 and rows[0]["git_commit"].startswith("c00")
+    assert main(["history", "show", "nothing", "--history", str(path)]) == 2
+    assert main(["history", "list", "--history", str(tmp_path / "none.sqlite")]) == 2
+    assert "no history file here" in capsys.readouterr().err
+
+
+def test_a_session_adds_its_run_to_the_history_unless_quick_or_told_not_to(pytester):
+    pytester.makepyfile(test_h='''
+from bench_core import Scenario
+
+
+def test_step(bench):
+    bench.run(Scenario("step", ("compute",)), lambda: sum(range(100)))
+''')
+    pytester.runpytest("--bench-repeats", "5", "--bench-warmup", "0").assert_outcomes(passed=1)
+    (session,) = (pytester.path / ".bench" / "results").glob("session-*.json")
+    with History(pytester.path / ".bench" / "history.sqlite") as h:
+        (p,) = h.series("step")
+        assert p.run_id == json.loads(session.read_text())["run_id"]
+        assert h.import_file(session) == (0, 1)
+    pytester.runpytest("--bench-quick").assert_outcomes(passed=1)
+    pytester.runpytest("--bench-repeats", "5", "--bench-history", "none").assert_outcomes(passed=1)
+    with History(pytester.path / ".bench" / "history.sqlite") as h:
+        assert len(h.series("step")) == 1
