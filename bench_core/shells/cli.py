@@ -193,16 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
     hsub = h.add_subparsers(dest="action", required=True)
     hl = hsub.add_parser("list", help="the scenarios held, with their runs, and the machines")
     hs = hsub.add_parser("show", help="one scenario's runs per machine, oldest first, with its change points")
-    hs.add_argument("scenario")
+    hs.add_argument("scenario", help="the scenario's name, as `history list` shows it")
     hs.add_argument("--machine", help="only this machine's runs (its key, as `history list` shows it)")
     hs.add_argument("--branch", help="only this branch's runs")
     hs.add_argument("--alpha", type=float, default=0.01,
                     help="each change point's permutation test level (0.01; docs/history.md has the error rates)")
     hi = hsub.add_parser("import", help="add session files and baseline files (every run); a run held already is "
                                        "not added twice")
-    hi.add_argument("files", nargs="+")
+    hi.add_argument("files", nargs="+", help="session JSON files (.bench/results) and baseline JSON files")
     he = hsub.add_parser("export", help="every result with its run's commit, branch and machine, to stdout")
-    he.add_argument("--format", choices=("csv", "json"), default="csv")
+    he.add_argument("--format", choices=("csv", "json"), default="csv", help="csv (the default) or json")
     for parser in (hl, hs, hi, he):
         opt.add_to_cli(parser, opt.HISTORY, opt.WIDE)
     h.set_defaults(func=cmd_history)
