@@ -280,13 +280,21 @@ def test_a_pool_serves_one_scenario_after_another_and_ends_a_server_that_failed(
 
 
 class _FakeServer:
-    def __init__(self, side, ms, fail_at=None):
-        self.side, self.ms, self.fail_at, self.builds, self.closed, self.ended = side, ms, fail_at, 0, False, 0
+    """A side's server as the parent sees it: asked for a round (or its end), then waited for; `log` keeps the
+    order of both servers' events."""
+
+    def __init__(self, side, ms, fail_at=None, log=None):
+        self.side, self.ms, self.fail_at, self.builds, self.closed, self.ends = side, ms, fail_at, 0, False, 0
+        self.log = log if log is not None else []
 
     def wait_ready(self):
         pass
 
-    def round(self):
+    def start_round(self):
+        self.log.append(("ask", self.side))
+
+    def built(self):
+        self.log.append(("built", self.side))
         self.builds += 1
         if self.builds == self.fail_at:
             raise ScenarioError("s", "broke on its build")
@@ -295,8 +303,11 @@ class _FakeServer:
         from bench_core.timing.sampling import Sample
         return Sample(self.ms, None)
 
-    def end_round(self):
-        self.ended += 1
+    def start_end(self):
+        pass
+
+    def ended(self):
+        self.ends += 1
 
     def close(self):
         self.closed = True
@@ -305,11 +316,11 @@ class _FakeServer:
 def test_server_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_failed():
     from bench_core.timing.protocol import run_processes
 
-    made, released = {}, []
+    made, released, log = {}, [], []
 
     def spawn(side, ms, fail_at=None):
         def start(k):
-            made[(side, k)] = _FakeServer(side, ms, fail_at if k == 1 else None)
+            made[(side, k)] = _FakeServer(side, ms, fail_at if k == 1 else None, log)
             return made[(side, k)]
         return start
     res = run_processes({"baseline": spawn("baseline", 2.0), "candidate": spawn("candidate", 3.0)},
@@ -317,7 +328,9 @@ def test_server_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_fai
                         release=lambda side, k, w, ok: released.append((side, k, ok)))
     assert len(res) == 3 and all(r.round_log_ratios == pytest.approx([math.log(1.5)] * 2) for r in res)
     assert sorted(released) == sorted((s, k, True) for k in range(3) for s in ("baseline", "candidate"))
-    assert all(w.ended == w.builds == 2 for w in made.values())    # every round's instance ended with its round
+    assert all(w.ends == w.builds == 2 for w in made.values())    # every round's instance ended with its round
+    # both servers are asked for a round before either is waited for: their children build side by side
+    assert all([e for e, _ in log[i:i + 4]] == ["ask", "ask", "built", "built"] for i in range(0, len(log), 4))
     released.clear()
     with pytest.raises(SideError, match="broke on its build"):
         run_processes({"baseline": spawn("baseline", 2.0, fail_at=1), "candidate": spawn("candidate", 3.0)},

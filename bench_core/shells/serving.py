@@ -101,12 +101,13 @@ def serve(session, request, sizing, scenario, fn, kwargs):
     device = session.config.device
     sampler = Sampler(name, backend_for(device))
     if state.round:
-        state.ended_by = worker.serve_round(state.channel, instance_from(fn, kwargs, scenario), sampler, device)
+        state.ended_by = worker.serve_round(state.channel, instance_from(fn, kwargs, scenario), sampler)
         pytest.skip(f"served a round of scenario {name!r} to a side-by-side comparison")
     state.fork = worker.can_fork(device)
     if not state.fork:
         set_threads(session.config.threads)
     setup = kwargs.get("setup")
+    state.step = (fn, setup)
 
     def warm():
         # forked children inherit what a call sets up once per process (kernels chosen, primitive caches). One call:

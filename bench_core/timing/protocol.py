@@ -272,14 +272,24 @@ def run_served(servers: Mapping[str, Any], sampler: Sampler, **rounds_kw) -> Rou
     """Rounds whose instances live in other processes (`servers[side]`, a `worker.Worker` serving its test): each
     round each server makes a fresh instance (`round()`), samples are asked for (`sample()`), and the instance
     goes when the round ends (`end_round()`). `rounds_kw` are `run_rounds`'s."""
+    started: set[tuple[int, str]] = set()
+
     def builder(side: str):
         def build(r: int) -> Instance:
-            return Instance(fn=lambda: None, remote=servers[side].sample, scenario=servers[side].round())
+            # both servers asked at once: their children fork and set up side by side, untimed, and the first
+            # instance built waits for the other before any call is timed (run_rounds builds both first)
+            for s in SIDES:
+                if (r, s) not in started:
+                    started.add((r, s))
+                    on_side(s, servers[s].start_round)
+            return Instance(fn=lambda: None, remote=servers[side].sample, scenario=servers[side].built())
         return build
 
     def after_round(r: int) -> None:
         for side in SIDES:
-            on_side(side, servers[side].end_round)
+            on_side(side, servers[side].start_end)
+        for side in SIDES:
+            on_side(side, servers[side].ended)
     return run_rounds({s: builder(s) for s in SIDES}, sampler, after_round=after_round, **rounds_kw)
 
 

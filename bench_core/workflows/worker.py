@@ -15,7 +15,8 @@ line goes each way per step:
                                         signature: {...}}               step warmed once (and counted, if asked)
   {"cmd": "round"}                     {"built": scenario_doc, pid}    the item run afresh up to its bench.run
   {"cmd": "sample"}                    {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`
-  {"cmd": "profile"}                   {"op_times": {op: [ms, calls]}} a profiler pass (after the rounds)
+  {"cmd": "profile"}                   {"op_times": {op: [ms, calls]}} a profiler pass of the first run's
+                                                                       step, in the server, after the rounds
   {"cmd": "end"}                       {"ended": status}               the round's run of the item ends
   {"cmd": "done"}                      {"item_done": ..., "served"}    the item is done with
   {"cmd": "quit"}                      -                               the server ends
@@ -77,6 +78,8 @@ class ServeState:
         self.roots: list[str] = list(init.get("roots", []))
         self.signature = bool(init.get("signature"))   # count the step's work signature before serving it
         self.instructions: str | None = init.get("instructions")   # under callgrind: count, into this folder
+        self.device: str = init.get("device") or "cpu"
+        self.step: tuple | None = None      # (fn, setup) of the item's first run, for a profiler pass
         self.requested: str | None = None   # the scenario the item under way is to serve
         self.round = False                  # this run of the item serves a round (else: it warms and counts)
         self.reached = False                # this run of the item reached bench.run for the scenario asked for
@@ -154,6 +157,9 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
         cmd = None if doc is None else doc.get("cmd")
         if cmd in (None, "done", "quit"):
             return cmd or "quit"
+        if cmd == "profile":
+            channel.send(_profiled(state))
+            continue
         if cmd != "round":
             channel.send({"error": f"{cmd!r} outside a round"})
             continue
@@ -188,11 +194,23 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
 _QUIT_STATUS = 75   # a round's child ending on the parent's "quit": the server ends too
 
 
-def serve_round(channel: Channel, inst, sampler, device: str = "cpu") -> str:
-    """One round's instance (`inst`, this run of the test's), sampled until another command than "sample" or
-    "profile" (one profiler pass, after the measured rounds) comes (returned; "quit" when the parent is gone)."""
-    from bench_core.files.storage import scenario_doc
+def _profiled(state: ServeState) -> dict:
+    """One profiler pass of the item's first instance, in the server: after its rounds, and here rather than in a
+    fresh child, because a process's first profiler pass costs about 0.8 s (measured here) and later ones a few ms."""
     from bench_core.workflows.diagnose.moved import op_times
+
+    if state.step is None:
+        return {"error": "profiler pass: the item has no instance in its server"}
+    try:
+        return {"op_times": op_times(*state.step, device=state.device)}
+    except Exception as exc:  # noqa: BLE001 - the verdict stands; the parent says why there is no pass
+        return {"error": f"profiler pass: {type(exc).__name__}: {exc}"}
+
+
+def serve_round(channel: Channel, inst, sampler) -> str:
+    """One round's instance (`inst`, this run of the test's), sampled until another command than "sample" comes
+    (returned; "quit" when the parent is gone)."""
+    from bench_core.files.storage import scenario_doc
 
     channel.send({"built": None if inst.scenario is None else scenario_doc(inst.scenario), "pid": os.getpid()})
     if inst.clock is not None:   # the clock the test asked for (a test's fake), as in one process
@@ -200,12 +218,6 @@ def serve_round(channel: Channel, inst, sampler, device: str = "cpu") -> str:
     while True:
         doc = channel.recv()
         cmd = "quit" if doc is None else doc.get("cmd")
-        if cmd == "profile":
-            try:
-                channel.send({"op_times": op_times(inst.fn, inst.setup, device=device)})
-            except Exception as exc:  # noqa: BLE001 - the verdict stands; the parent says why there is no pass
-                channel.send({"error": f"profiler pass: {type(exc).__name__}: {exc}"})
-            continue
         if cmd != "sample":
             return cmd
         try:
@@ -292,9 +304,18 @@ class Worker:
 
     def round(self):
         """A fresh instance for a round; returns the scenario record it declared (or None)."""
+        self.start_round()
+        return self.built()
+
+    def start_round(self) -> None:
+        """Asks for a fresh instance (`built()` waits for it), so that two servers build side by side."""
+        self._write({"cmd": "round"})
+
+    def built(self):
+        """The instance asked for is built; returns the scenario record it declared (or None)."""
         from bench_core.files.storage import scenario_from_doc
 
-        out = self._send({"cmd": "round"}, "built")
+        out = self._read("built")
         self.child = out["pid"] if out["pid"] != self.proc.pid else None
         return scenario_from_doc(out["built"]) if out.get("built") else None
 
@@ -304,18 +325,25 @@ class Worker:
         out = self._send({"cmd": "sample"}, "host_ms")
         return Sample(out["host_ms"], out["gpu_ms"])
 
-    def profile(self) -> dict[str, tuple[float, int]]:
-        """One profiler pass of this side's step in a fresh round (after the measured rounds): per operator, self
-        time per step (ms) and calls per step."""
-        self.round()
-        try:
-            out = self._send({"cmd": "profile"}, "op_times")
-        finally:
-            self.end_round()
+    def start_profile(self) -> None:
+        """Asks for one profiler pass of this side's step, in the server itself, after the measured rounds
+        (`profiled()` waits for it), so that two servers profile side by side."""
+        self._write({"cmd": "profile"})
+
+    def profiled(self) -> dict[str, tuple[float, int]]:
+        """Per operator: self time per step (ms) and calls per step."""
+        out = self._read("op_times")
         return {op: (float(ms), int(n)) for op, (ms, n) in out["op_times"].items()}
 
     def end_round(self) -> None:
-        out = self._send({"cmd": "end"}, "ended")
+        self.start_end()
+        self.ended()
+
+    def start_end(self) -> None:
+        self._write({"cmd": "end"})
+
+    def ended(self) -> None:
+        out = self._read("ended")
         self.child = None
         if out["ended"]:
             raise ScenarioError(self.scenario, f"the {self.side}'s round process ended with status {out['ended']}")

@@ -215,17 +215,19 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
 
 
 def _profile_served(session, name: str, servers) -> list[str]:
-    """Where the time moved, from one profiler pass of each side in a fresh round of its own process (after the
+    """Where the time moved, from one profiler pass of each side in its own server, both at once (after the
     rounds, never inside them); empty where a side could not be profiled, which the session says."""
     from bench_core.workflows.diagnose.moved import moved
 
     times = {}
-    for side in ("baseline", "candidate"):
-        try:
-            times[side] = servers[side].profile()
-        except ScenarioError as exc:
-            session.uncounted.append(f"{name} ({side}): no profiler pass: {exc.problem}")
-            return []
+    try:
+        for side in ("baseline", "candidate"):
+            servers[side].start_profile()
+        for side in ("baseline", "candidate"):
+            times[side] = servers[side].profiled()
+    except ScenarioError as exc:
+        session.uncounted.append(f"{name}: no profiler pass: {exc.problem}")
+        return []
     return moved(times["baseline"], times["candidate"])
 
 
