@@ -156,3 +156,20 @@ def test_the_gpu_workflow_never_runs_a_forks_code_and_runs_one_job_at_a_time():
     assert guard in job and job.index(guard) < job.index("runs-on: [self-hosted, gpu]")
     head = text[:text.index("jobs:")]
     assert "concurrency:" in head and "cancel-in-progress: false" in head and "contents: read" in head
+
+
+def test_the_pull_request_comment_never_runs_the_pull_requests_code():
+    """#30: the report reaches the pull request through a workflow_run job with write access that checks nothing
+    out and runs nothing of the pull request's; the job that runs its code has a read-only token."""
+    from pathlib import Path
+
+    flows = Path(__file__).resolve().parents[1] / ".github" / "workflows"
+    comment, cpu = (flows / "bench-comment.yml").read_text(), (flows / "bench-cpu.yml").read_text()
+    assert 'workflow_run:\n    workflows: ["bench (CPU)"]' in comment and "name: bench (CPU)" in cpu
+    assert "pull-requests: write" in comment and "actions/checkout" not in comment and "pip install" not in comment
+    assert "\n        run:" not in comment and "    - run:" not in comment   # no shell step: the artifact is data
+    assert "^[0-9]{1,9}$" in comment                   # the number must be a number
+    grants = cpu[cpu.index("\npermissions:"):cpu.index("\njobs:")]
+    assert grants.strip() == "permissions:\n  contents: read"
+    assert "name: bench-report" in cpu and "pr-number" in cpu and "report.md" in cpu
+    assert "bench-history-${{ github.run_id }}" in cpu and "restore-keys: bench-history-" in cpu

@@ -147,3 +147,56 @@ def test_step(bench):
     pytester.runpytest("--bench-repeats", "5", "--bench-history", "none").assert_outcomes(passed=1)
     with History(pytester.path / ".bench" / "history.sqlite") as h:
         assert len(h.series("step")) == 1
+
+
+def _page(tmp_path):
+    """A history of 20 runs with a 25% step, the latest run's session file still there, and a gated session."""
+    from bench_core.shells.cli import main
+
+    path = _history(tmp_path, [1.0] * 10 + [1.25] * 10)
+    results = tmp_path / "results"
+    run = _run([1.25], "f" * 40, "2026-12-03T11:00:00+00:00")
+    session = storage.write_session(results, [], ENV, comparisons=[{
+        "name": "step", "verdict": "slower", "baseline_median": 1.0, "candidate_median": 1.25, "ratio": 1.25,
+        "ci_low": 1.2, "ci_high": 1.3}], run=run)
+    with History(path) as h:
+        h.import_file(session)
+    out = tmp_path / "page"
+    assert main(["report", "--html", str(out), "--history", str(path), "--results", str(results)]) == 0
+    return out / "index.html", path, results
+
+
+def test_the_report_is_one_static_page_with_the_history_its_change_point_and_the_latest_comparison(tmp_path,
+                                                                                                   capsys):
+    from bench_core.shells.cli import main
+
+    index, path, results = _page(tmp_path)
+    text = index.read_text()
+    assert text.count("<circle class='run'") == 21 and text.count("class='change'") == 1
+    assert "change point at run 11" in text and "<td class='slower'>slower</td>" in text
+    assert text.count("class='sample'") == 10                 # the latest run's samples, from its session file
+    # opens from a file, offline: no script, nothing fetched (the only URL is SVG's namespace, a name)
+    assert "<script" not in text and "src=" not in text and "<link" not in text
+    assert text.replace("http://www.w3.org/2000/svg", "").count("http") == 0
+    assert main(["report", "--html", str(index.parent), "--history", str(path), "--results", str(results)]) == 2
+    assert "--force replaces it" in capsys.readouterr().err
+    assert main(["report", "--html", str(index.parent), "--history", str(path), "--force"]) == 0
+
+
+def test_the_report_renders_in_a_headless_browser_without_console_errors(tmp_path):
+    import shutil
+
+    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip("no headless browser here (.ci/run installs chromium with apt-get where it can)")
+    index, _, _ = _page(tmp_path)
+    shot = tmp_path / "page.png"
+    common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run([*common, "--dump-dom", index.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count('<circle class="run"') == 21 and 'class="change"' in dom.stdout
+    assert "CONSOLE" not in dom.stderr and "Uncaught" not in dom.stderr
+    shot_run = subprocess.run([*common, f"--screenshot={shot}", "--window-size=1100,1400", index.as_uri()],
+                              capture_output=True, text=True, timeout=120)
+    assert shot_run.returncode == 0 and shot.stat().st_size > 10_000    # a page with charts on it, kept as the
+    # test's artifact in its tmp_path

@@ -215,6 +215,10 @@ class History:
                              None if sig is None else json.loads(sig)))
         return out
 
+    def source_of(self, run_id: str) -> str | None:
+        row = self.con.execute("SELECT source FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return row[0] if row else None
+
     def rows(self) -> Iterator[dict]:
         """Every result with its run's fields, for export."""
         cur = self.con.execute(

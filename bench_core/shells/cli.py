@@ -159,6 +159,42 @@ def cmd_history(ns) -> int:
     return EXIT_OK
 
 
+def cmd_report(ns) -> int:
+    from bench_core.files.history import History
+    from bench_core.workflows.history import commit_url, report_page
+
+    out = Path(ns.html) / "index.html"
+    try:
+        with History(Path(ns.bench_history), create=False) as h:
+            text = report_page(h, Path(ns.results), commit_url(Path(ns.bench_history).resolve().parent),
+                               storage.now_iso())
+        storage.atomic_write(out, text.encode(), overwrite=ns.force)
+    except (BenchError, ValueError) as exc:
+        hint = " (--force replaces it)" if out.exists() and not ns.force else ""
+        print(f"bench_core report: {exc}{hint}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"report written to {out} (open it from the file; it needs no network)")
+    return EXIT_OK
+
+
+def cmd_bisect(ns) -> int:
+    from bench_core.workflows import bisect
+
+    root = Path(ns.repo).resolve()
+    try:
+        good, bad = bisect.resolve(root, ns.good), bisect.resolve(root, ns.bad)
+        commits = bisect.commits_between(root, good, bad)
+        decide = bisect.pytest_step(root, good, ns.scenario, ns.select or ns.scenario, ns.pytest_args)
+        found = bisect.search(good, commits, ns.scenario, decide, alpha=ns.alpha)
+    except (BenchError, ValueError) as exc:
+        print(f"bench_core bisect: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print("\n".join(found.lines()))
+    path = storage.write_stamped_json(root / ".bench", "bisect", found.to_dict())
+    print(f"record written to {path}")
+    return EXIT_OK if found.outcome != "undecided" else EXIT_REGRESSED
+
+
 def build_parser() -> argparse.ArgumentParser:
     called = Path(sys.argv[0]).name
     ap = argparse.ArgumentParser(prog=called if called.startswith("bench-core") else "python -m bench_core",
@@ -206,15 +242,39 @@ def build_parser() -> argparse.ArgumentParser:
     for parser in (hl, hs, hi, he):
         opt.add_to_cli(parser, opt.HISTORY, opt.WIDE)
     h.set_defaults(func=cmd_history)
+    rp = sub.add_parser("report", help="a self-contained static page of the history: charts with change points, "
+                                       "the latest comparison, sample distributions")
+    rp.add_argument("--html", required=True, help="the folder to write index.html into")
+    rp.add_argument("--results", default=".bench/results", help="where session files are, for the latest "
+                                                               "comparison (.bench/results)")
+    rp.add_argument("--force", action="store_true", help="replace an index.html that is there")
+    opt.add_to_cli(rp, opt.HISTORY)
+    rp.set_defaults(func=cmd_report)
+    bi = sub.add_parser("bisect", help="the first commit between GOOD and BAD where a scenario got slower: a binary "
+                                       "search, each step a side-by-side decision in a temporary worktree")
+    bi.add_argument("good", help="a commit where the scenario was fast")
+    bi.add_argument("bad", help="a later commit where it is slow")
+    bi.add_argument("-k", "--scenario", required=True, help="the scenario whose verdict decides each step")
+    bi.add_argument("--select", help="pytest's -k expression for the tests to run at each step (the scenario's "
+                                     "name, unless given)")
+    bi.add_argument("--alpha", type=float, default=0.01, help="the whole search's error rate, split over its planned "
+                                                              "decisions (0.01)")
+    bi.add_argument("--repo", default=".", help="the git repository (the current folder)")
+    bi.set_defaults(func=cmd_bisect, pytest_args=[])
+    bi.epilog = "pytest's own arguments for each step follow a --, e.g. -- benchmarks --bench-threads 1"
     return ap
 
 
 def main(argv=None) -> int:
     ap = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passed = argv[argv.index("--") + 1:] if "--" in argv else []   # pytest's own, for bisect's steps
     try:
-        ns = ap.parse_args(argv)
+        ns = ap.parse_args(argv[:len(argv) - len(passed) - 1] if "--" in argv else argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage, which is our "unusable input" too
         return int(exc.code or 0)
+    if passed:
+        ns.pytest_args = passed
     try:
         return ns.func(ns)
     except BrokenPipeError:   # `bench-core show main | head`: the reader had enough, which is no error

@@ -4,6 +4,7 @@ searched on its own."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from bench_core.deciding.changepoints import ChangePoint, change_points
@@ -44,3 +45,56 @@ def scenario_history(h: History, scenario: str, *, machine: str | None = None, b
 def changes_in(points: Sequence[Point], *, alpha: float = 0.01, min_size: int = 3) -> list[Change]:
     found = change_points([p.mean_log for p in points], alpha=alpha, min_size=min_size)
     return [Change(c, points[c.index - 1], points[c.index]) for c in found]
+
+
+def report_page(h: History, results_dir: Path | None, commit_url: str | None, generated: str) -> str:
+    """The history's page (`output.html`): every scenario per machine, its latest run's samples (read from the
+    session file it came from, where that file is still there), and the latest comparison table of `results_dir`."""
+    from bench_core.files import storage
+    from bench_core.output import html
+
+    sections = []
+    latest = _latest_with_comparisons(results_dir)
+    if latest is not None:
+        path, comparisons = latest
+        sections.append((f"latest comparison ({path.name})", html.comparison_rows(comparisons)))
+    for name, _, _ in h.scenarios():
+        for mh in scenario_history(h, name):
+            samples = None
+            source = h.source_of(mh.points[-1].run_id)
+            if source and Path(source).exists():
+                try:
+                    _, results = storage.load_session(Path(source))
+                    samples = next((m.primary_ms for m in results if m.name == name), None)
+                except Exception:  # noqa: BLE001 - a moved or damaged file: the page shows the history without it
+                    samples = None
+            sections.append(html.scenario_section(name, mh.machine, mh, samples, commit_url))
+    if not sections:
+        sections.append(("nothing yet", "<p class='note'>the history holds no run</p>"))
+    return html.page("bench_core history", sections, generated)
+
+
+def _latest_with_comparisons(results_dir: Path | None):
+    import json
+
+    if results_dir is None or not results_dir.is_dir():
+        return None
+    for path in sorted(results_dir.glob("session-*.json"), reverse=True):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if doc.get("comparisons"):
+            return path, doc["comparisons"]
+    return None
+
+
+def commit_url(root: Path) -> str | None:
+    """A link pattern for commits ({sha}) where the repository's origin is on GitHub; None elsewhere."""
+    import re
+
+    from bench_core.files import git
+
+    url = git.output(root, "remote", "get-url", "origin") or ""
+    m = re.match(r"(?:https://github\.com/|git@github\.com:)([^/]+/[^/]+?)(?:\.git)?$", url)
+    return f"https://github.com/{m.group(1)}/commit/{{sha}}" if m else None

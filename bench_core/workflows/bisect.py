@@ -1,0 +1,198 @@
+"""`bench-core bisect GOOD BAD -k SCENARIO`: the first commit where a scenario got slower, by binary search over
+the commits between GOOD and BAD, each step a side-by-side decision (`--bench-against GOOD`, the same engine as a
+pytest run's) of one commit in a temporary worktree; the user's tree is never touched.
+
+The error statement: the search plans at most ceil(log2(n)) + 2 decisions over n commits (the first checks that
+BAD is slower than GOOD at all; one more is kept for a step that needs its rounds run again), and each decision is
+made at alpha / that many, so the whole search is wrong with probability at most alpha (Bonferroni). A step left
+inconclusive is run once more with three times the rounds; if it still is, the search stops and reports the
+narrowest range it proved.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from bench_core.core.errors import BenchError
+from bench_core.deciding.verdicts import FASTER, INCONCLUSIVE, SLOWER, UNCHANGED
+
+
+class BisectError(BenchError):
+    pass
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decision: `commit` against GOOD."""
+
+    commit: str
+    verdict: str
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float | None = None
+    rounds: int | None = None
+    facts: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Bisection:
+    good: str
+    bad: str
+    scenario: str
+    commits: tuple[str, ...]                # GOOD's descendants up to BAD, oldest first
+    steps: tuple[Step, ...]
+    outcome: str                            # "found", "no change in range", "undecided"
+    first_bad: str | None = None
+    last_good: str | None = None
+    alpha: float = 0.01
+    planned: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["steps"] = [asdict(s) for s in self.steps]
+        return d
+
+    def lines(self) -> list[str]:
+        out = [f"{s.commit[:12]}: {s.verdict}" + (f" {s.ratio:.3f}x [{s.ci_low:.3f}, {s.ci_high:.3f}] "
+                                                   f"({s.confidence:.1%}), {s.rounds} rounds"
+                                                   if s.ratio is not None and s.ci_low is not None else "")
+               + (f"; {s.note}" if s.note else "") + "".join(f"\n  work signature: {f}" for f in s.facts)
+               for s in self.steps]
+        if self.outcome == "found":
+            step = next(s for s in reversed(self.steps) if s.commit == self.first_bad and s.verdict == SLOWER)
+            out.append(f"first bad commit: {self.first_bad} ({step.ratio:.3f}x against {self.good[:12]}); last good: "
+                       f"{self.last_good}")
+        elif self.outcome == "no change in range":
+            out.append(f"no change in range: {self.bad[:12]} is not slower than {self.good[:12]} for {self.scenario}")
+        else:
+            out.append(f"undecided: the first bad commit is after {self.last_good} and at or before {self.first_bad} "
+                       f"(the narrowest range proved)")
+        return out + [f"{len(self.steps)} decisions (at most {self.planned} planned), each at alpha "
+                      f"{self.alpha / self.planned:.2g}, {self.alpha:g} for the whole search"] + list(self.notes)
+
+
+def planned_decisions(n: int) -> int:
+    return math.ceil(math.log2(max(n, 1))) + 2
+
+
+def search(good: str, commits: Sequence[str], scenario: str, decide: Callable[[str, float, int], Step], *,
+           alpha: float = 0.01, retry_factor: int = 3) -> Bisection:
+    """Binary search for the first commit of `commits` (oldest first, the last is BAD) slower than `good`;
+    `decide(commit, alpha_per_step, rounds_factor)` is one side-by-side decision against `good`."""
+    if not commits:
+        raise BisectError(f"no commits between {good[:12]} and the bad one: nothing to bisect")
+    planned = planned_decisions(len(commits))
+    per = alpha / planned
+    steps: list[Step] = []
+
+    def judged(commit: str) -> str | None:
+        step = decide(commit, per, 1)
+        if step.verdict == INCONCLUSIVE and len(steps) + 2 <= planned:
+            steps.append(step)
+            step = decide(commit, per, retry_factor)
+        steps.append(step)
+        if step.verdict == SLOWER:
+            return "bad"
+        if step.verdict in (UNCHANGED, FASTER):
+            return "good"
+        return None
+    first = judged(commits[-1])
+    args = dict(good=good, bad=commits[-1], scenario=scenario, commits=tuple(commits), alpha=alpha, planned=planned)
+    if first != "bad":
+        outcome = "no change in range" if first == "good" else "undecided"
+        return Bisection(steps=tuple(steps), outcome=outcome, first_bad=None if first == "good" else commits[-1],
+                         last_good=good if first is None else None, **args)
+    lo, hi = -1, len(commits) - 1            # commits[lo] good (-1: GOOD itself), commits[hi] bad
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if len(steps) >= planned:
+            break
+        verdict = judged(commits[mid])
+        if verdict == "bad":
+            hi = mid
+        elif verdict == "good":
+            lo = mid
+        else:
+            break
+    last_good = good if lo < 0 else commits[lo]
+    return Bisection(steps=tuple(steps), outcome="found" if hi - lo == 1 else "undecided", first_bad=commits[hi],
+                     last_good=last_good, **args)
+
+
+# --- one step: a temporary worktree at the commit, pytest --bench-against GOOD in it ----------------------------
+
+def commits_between(root: Path, good: str, bad: str) -> list[str]:
+    from bench_core.files import git
+
+    out = git.run(root, "rev-list", "--reverse", "--ancestry-path", f"{good}..{bad}")
+    if out.returncode != 0:
+        raise BisectError(f"git rev-list {good}..{bad} failed in {root}: {out.stderr.strip()}")
+    return out.stdout.split()
+
+
+def resolve(root: Path, rev: str) -> str:
+    from bench_core.files import git
+
+    sha = git.output(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if not sha:
+        raise BisectError(f"revision {rev!r} is unknown in {root}")
+    return sha
+
+
+def pytest_step(root: Path, good: str, scenario: str, select: str, pytest_args: Sequence[str], *,
+                timeout_s: float = 3600.0):
+    """`decide` for `search`: the commit checked out in a temporary worktree (data the user's tree does not
+    track linked in, as --bench-against does), `pytest PYTEST_ARGS -k SELECT --bench-against GOOD` run there, and
+    its decision for `scenario` read from its session file."""
+    from bench_core.files import children, git
+    from bench_core.workflows.side_by_side.revisions import link_untracked
+
+    def decide(commit: str, alpha: float, rounds_factor: int) -> Step:
+        with tempfile.TemporaryDirectory(prefix="bench_core-bisect-") as tmp:
+            tree, out = Path(tmp) / "tree", Path(tmp) / "out"
+            added = git.run(root, "worktree", "add", "--detach", "--force", str(tree), commit)
+            if added.returncode != 0:
+                raise BisectError(f"git worktree add {commit[:12]} failed: {added.stderr.strip()}")
+            try:
+                link_untracked(root, tree)
+                argv = [sys.executable, "-m", "pytest", *pytest_args, "-k", select, "-p", "no:cacheprovider",
+                        "--bench-against", good, "--bench-alpha", f"{alpha:.6g}", "--bench-out", str(out),
+                        "--bench-history", "none"]
+                if rounds_factor > 1:
+                    argv += ["--bench-max-rounds", str(36 * rounds_factor)]
+                with open(Path(tmp) / "log", "wb") as log:
+                    proc = children.start(argv, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT)
+                    try:
+                        proc.wait(timeout=timeout_s)
+                    finally:
+                        children.end(proc)
+                tail = (Path(tmp) / "log").read_text(errors="replace").strip().splitlines()[-5:]
+                return _step_from(commit, scenario, sorted(out.glob("session-*.json")), tail)
+            finally:
+                git.run(root, "worktree", "remove", "--force", str(tree))
+    return decide
+
+
+def _step_from(commit: str, scenario: str, files: list[Path], tail: list[str]) -> Step:
+    if not files:
+        return Step(commit, INCONCLUSIVE, note="the run wrote no results: " + " / ".join(tail))
+    doc = json.loads(files[-1].read_text())
+    recs = [r for r in (doc.get("against") or {}).get("scenarios", []) if r["scenario"] == scenario]
+    if not recs:
+        why = [o["note"] for o in (doc.get("against") or {}).get("one_side", []) if o["scenario"] == scenario]
+        return Step(commit, INCONCLUSIVE, note=f"scenario {scenario!r} was not compared: "
+                                               f"{'; '.join(why) or 'no test measured it'}")
+    c = recs[0]["comparison"]
+    rounds = recs[0]["rounds"]
+    n = len(rounds["round_log_ratios"]) if isinstance(rounds, dict) else len(rounds)
+    return Step(commit, c["verdict"], c.get("ratio"), c.get("ci_low"), c.get("ci_high"), c.get("confidence"), n,
+                tuple(c.get("facts") or ()))

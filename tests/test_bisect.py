@@ -1,0 +1,91 @@
+"""bench-core bisect: the search on its own (fake decisions), then through real pytest runs in temporary worktrees
+of a throwaway repository (fake clocks: each commit's step takes a known time)."""
+import json
+import subprocess
+
+import pytest
+
+from bench_core.deciding.verdicts import INCONCLUSIVE, SLOWER, UNCHANGED
+from bench_core.workflows.bisect import Step, planned_decisions, search
+from test_fidelity import CONFTEST, GIT_ENV
+
+COMMITS = [f"{i:02d}" * 20 for i in range(16)]
+
+
+def _decider(first_bad, inconclusive=()):
+    asked = []
+
+    def decide(commit, alpha, factor):
+        asked.append((commit, alpha, factor))
+        if (commit, factor) in inconclusive:
+            return Step(commit, INCONCLUSIVE)
+        bad = first_bad is not None and COMMITS.index(commit) >= first_bad
+        return Step(commit, SLOWER if bad else UNCHANGED, 1.25 if bad else 1.0, 1.2, 1.3, 0.99, 12)
+    return decide, asked
+
+
+@pytest.mark.parametrize("first_bad", [0, 1, 7, 9, 15])
+def test_the_search_names_the_first_bad_commit_within_its_planned_decisions(first_bad):
+    decide, asked = _decider(first_bad)
+    found = search("g" * 40, COMMITS, "step", decide, alpha=0.01)
+    assert found.outcome == "found" and found.first_bad == COMMITS[first_bad]
+    assert found.last_good == ("g" * 40 if first_bad == 0 else COMMITS[first_bad - 1])
+    assert len(asked) <= planned_decisions(16) == 6
+    assert {a for _, a, _ in asked} == {0.01 / 6}      # every decision at its share of the search's alpha
+    assert "first bad commit: " + COMMITS[first_bad] in "\n".join(found.lines())
+
+
+def test_no_slowdown_ends_the_search_at_once_and_an_undecided_step_reports_the_range_proved():
+    decide, asked = _decider(None)
+    found = search("g" * 40, COMMITS, "step", decide)
+    assert found.outcome == "no change in range" and len(asked) == 1 and found.first_bad is None
+    # commit 7 stays inconclusive, even with three times the rounds: the range proved is (3, 9]... [8..15]
+    decide, asked = _decider(9, inconclusive={(COMMITS[7], 1), (COMMITS[7], 3)})
+    found = search("g" * 40, COMMITS, "step", decide)
+    assert found.outcome == "undecided" and found.first_bad == COMMITS[15] and found.last_good == "g" * 40
+    assert [(c, f) for c, _, f in asked][-2:] == [(COMMITS[7], 1), (COMMITS[7], 3)]
+    decide, _ = _decider(9, inconclusive={(COMMITS[7], 1)})     # decided on its second try
+    assert search("g" * 40, COMMITS, "step", decide).first_bad == COMMITS[9]
+
+
+WORK = '''
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+LEVEL = {level}
+
+
+def test_step(bench):
+    bench.run(Scenario("step", ("compute",), noise_threshold=0.1), work_on_shared_clock(LEVEL), clock=SHARED_CLOCK)
+'''
+
+
+def test_bisect_finds_the_commit_that_made_a_scenario_25_percent_slower_in_worktrees(tmp_path, capsys):
+    """16 commits after GOOD, commit 10 makes the step 25% slower: bisect names it from real pytest runs, each in a
+    temporary worktree; the user's tree (and its untracked data) is left as it was."""
+    from bench_core.shells.cli import main
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True,
+                              env={**GIT_ENV, "HOME": str(tmp_path)}).stdout.strip()
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "data.bin").write_text("untracked data")
+    (tmp_path / ".gitignore").write_text("data.bin\n.bench/\n")
+    git("init", "-q")
+    shas = []
+    for i in range(17):
+        (tmp_path / "test_work.py").write_text(WORK.format(level=1.25 if i >= 11 else 1.0) + f"# commit {i}\n")
+        git("add", "-A")
+        git("commit", "-qm", f"commit {i}")
+        shas.append(git("rev-parse", "HEAD"))
+    code = main(["bisect", shas[0], shas[-1], "-k", "step", "--repo", str(tmp_path), "--", "--bench-rounds", "6",
+                 "--bench-pairs", "2", "--bench-threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"first bad commit: {shas[11]}" in out and f"last good: {shas[10]}" in out
+    (record,) = (tmp_path / ".bench").glob("bisect-*.json")
+    doc = json.loads(record.read_text())
+    assert doc["outcome"] == "found" and len(doc["steps"]) <= planned_decisions(16)
+    assert all(s["ratio"] is not None for s in doc["steps"])
+    assert git("status", "--porcelain") == "" and (tmp_path / "data.bin").read_text() == "untracked data"
+    assert git("worktree", "list").count("\n") == 0     # every temporary worktree removed
