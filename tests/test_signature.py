@@ -439,3 +439,41 @@ def test_a_compiled_steps_cold_start_is_split_into_tracing_and_compilation():
     from bench_core.files.storage import measurement_doc, measurement_from_doc
 
     assert measurement_from_doc(measurement_doc(m)).cold_start == c
+
+
+def test_a_stored_baselines_slower_verdict_says_where_the_time_moved(pytester):
+    """With the work signature, each result keeps one profiler pass's time per operator, so a later run called
+    slower against that baseline (on the fake clock) names the operators whose time moved, with their calls."""
+    from pathlib import Path
+
+    tests = str(Path(__file__).parent)
+    pytester.makeconftest(f"import sys; sys.path.insert(0, {tests!r})\n")
+    body = '''
+import torch
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+A = torch.randn(128, 128)
+
+
+def test_step(bench):
+    tick = work_on_shared_clock({ms})
+
+    def step():
+        for _ in range({n}):
+            A @ A
+        tick()
+    bench.run(Scenario("step", ("forward",)), step, clock=SHARED_CLOCK)
+'''
+    pytester.makepyfile(test_s=body.format(ms=1.0, n=1))
+    pytester.runpytest("--bench-save", "main", "--bench-signature", "--bench-no-out",
+                       "--bench-repeats", "5").assert_outcomes(passed=1)
+    saved = json.loads((pytester.path / "baselines" / "main.json").read_text())
+    assert saved["runs"][0]["results"][0]["op_times"]["aten::mm"][1] == 1
+    pytester.makepyfile(test_s=body.format(ms=2.0, n=4))
+    res = pytester.runpytest("--bench-compare", "main", "--bench-signature", "--bench-no-out", "--bench-repeats", "5",
+                             "--bench-min-runs", "1")
+    res.assert_outcomes(failed=1)
+    out = " ".join(res.stdout.str().split())
+    assert "step: time moved (profiler pass after measuring, a hypothesis): aten::mm +" in out
+    assert "calls 1 -> 4)" in out

@@ -102,6 +102,9 @@ class Measurement:
     ranks: Any = None
     # what one step does, counted exactly once after the window (`signature.Signature`); None: not counted
     signature: Any = None
+    # one profiler pass after the window, per operator: (self ms per step, calls per step), so that a later
+    # verdict against this result can say where the time moved; None: not taken
+    op_times: Mapping[str, tuple[float, int]] | None = None
 
     def __post_init__(self):
         name = self.scenario.name if isinstance(self.scenario, Scenario) else "?"
@@ -122,6 +125,12 @@ class Measurement:
             if isinstance(flops, bool) or not isinstance(flops, int) or flops < 0:
                 raise InvalidRecord(f"scenario {name!r}: work must hold a non-negative integer count of flops")
             object.__setattr__(self, "work", MappingProxyType(dict(self.work)))
+        if self.op_times is not None:
+            try:
+                ops = {str(k): (float(v[0]), int(v[1])) for k, v in self.op_times.items()}
+            except (AttributeError, TypeError, ValueError, IndexError):
+                raise InvalidRecord(f"scenario {name!r}: op_times must map operators to [ms, calls]") from None
+            object.__setattr__(self, "op_times", MappingProxyType(ops))
         if self.signature is not None:
             from bench_core.core.signature import Signature
 

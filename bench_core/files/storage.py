@@ -151,6 +151,8 @@ def measurement_doc(m: Measurement, with_environment: bool = False) -> dict:
         d["ranks"] = m.ranks.to_dict()
     if m.signature is not None:
         d["signature"] = m.signature.to_dict()
+    if m.op_times is not None:
+        d["op_times"] = {op: [ms, n] for op, (ms, n) in m.op_times.items()}
     if with_environment:
         d["environment"] = thaw(m.environment)
     return d
@@ -178,6 +180,7 @@ def measurement_from_doc(d: Mapping[str, Any], environment: Mapping[str, Any] | 
         work=d.get("work"),
         ranks=None if d.get("ranks") is None else _ranks_from_doc(d["ranks"]),
         signature=None if d.get("signature") is None else _signature_from_doc(d["signature"]),
+        op_times=d.get("op_times"),
     )
 
 

@@ -59,6 +59,18 @@ def count_signature(session, m: Measurement, fn: Callable[[], Any], setup: Calla
     return m if sig is None else replace(m, signature=sig)
 
 
+def count_op_times(session, m: Measurement, fn: Callable[[], Any], setup: Callable[[], Any] | None) -> Measurement:
+    """The result with one profiler pass's time per operator (after its window), kept so that a later verdict
+    against it (a stored baseline's) can say where the time moved; a step that cannot be profiled says why."""
+    from bench_core.workflows.diagnose.moved import op_times
+
+    try:
+        return replace(m, op_times=op_times(fn, setup, device=session.config.device))
+    except Exception as exc:  # noqa: BLE001 - not taken, and says why
+        session.uncounted.append(f"{m.name}: no profiler pass: {type(exc).__name__}: {exc}")
+        return m
+
+
 def signature_of(session, name: str, fn: Callable[[], Any], setup: Callable[[], Any] | None, side: str = ""):
     from bench_core.timing.signature import record
 

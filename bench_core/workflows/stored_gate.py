@@ -14,7 +14,8 @@ from bench_core.deciding.gate import Comparison, baseline_warnings, decide_famil
 from bench_core.deciding.sequential import replicate_until_decided
 from bench_core.deciding.signature import latest
 from bench_core.files import storage
-from bench_core.workflows.counted_work import count_signature, count_work, counts_signature, with_facts
+from bench_core.workflows.counted_work import (count_op_times, count_signature, count_work, counts_signature,
+                                               with_facts)
 
 
 def load_baseline(config) -> tuple[dict[str, list[Measurement]], Any, list[str]]:
@@ -36,6 +37,8 @@ def run(session, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs)
         first = count_work(session, first, fn, kwargs.get("setup"))   # before the gate, which compares the counts
     if counts_signature(session, scenario):    # the same: what one step does, counted exactly
         first = count_signature(session, first, fn, kwargs.get("setup"))
+        if not session.config.quick:            # and where its time goes, for a later verdict's explanation
+            first = count_op_times(session, first, fn, kwargs.get("setup"))
     if session.config.instructions:
         session.uncounted.append(f"{scenario.name}: instructions not counted: they are counted side by side "
                                  f"(--bench-against), where each side has a process of its own")
@@ -47,6 +50,18 @@ def run(session, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs)
 
         diagnose_after(session, m, fn, kwargs.get("setup"))
     return m, c
+
+
+def _explained(c: Comparison, base, m: Measurement) -> Comparison:
+    """A slower or faster verdict with where the time moved: this run's profiler pass against the latest
+    baseline run's that has one (both taken with the work signature); unchanged where either is missing."""
+    from bench_core.deciding.verdicts import FASTER, SLOWER
+    from bench_core.workflows.diagnose.moved import moved
+
+    theirs = [r.op_times for r in base if r.op_times is not None]
+    if c.verdict not in (SLOWER, FASTER) or not theirs or m.op_times is None:
+        return c
+    return replace(c, moved=tuple(moved(theirs[-1], m.op_times)))
 
 
 def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = None
@@ -84,6 +99,7 @@ def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = 
         f" and {extra} fresh process(es)" if extra else "")
     c = replace(c, method=method, reason="; ".join([c.reason, *why_not]))
     c = with_facts(session, c, latest(base), m.signature, m.scenario)   # against the latest baseline run's
+    c = _explained(c, base, m)
     if extra:
         session.replicas[m.name] = runs[1:]
     session.comparisons.append(c)
