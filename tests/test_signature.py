@@ -477,3 +477,66 @@ def test_step(bench):
     out = " ".join(res.stdout.str().split())
     assert "step: time moved (profiler pass after measuring, a hypothesis): aten::mm +" in out
     assert "calls 1 -> 4)" in out
+
+
+CHANGES = '''
+import torch
+import torch._dynamo
+from bench_core import Scenario
+
+A, BIG, X = torch.randn(64, 64), torch.randn(512, 512), torch.randn(16)
+CHANGE = {change!r}
+calls = [0]
+
+
+def f(x):
+    y = x.sin()
+    if CHANGE == "graph break":
+        print("", end="")          # a graph break under torch.compile
+    if CHANGE == "recompile":
+        calls[0] += 1
+        y = y + calls[0]           # a new constant on every call: dynamo recompiles (a guard on it fails)
+    return y.cos()
+
+
+def test_step(bench):
+    torch._dynamo.reset()
+    g = torch.compile(f, backend="eager", dynamic=False)
+
+    def step():
+        (A @ A).relu()
+        g(X)
+        if CHANGE == "item":
+            float(A.sum().item())
+        if CHANGE == "matmul":
+            A @ A
+        if CHANGE == "clone":
+            BIG.clone()
+    bench.run(Scenario("step", ("forward",)), step)
+'''
+
+
+@pytest.fixture(scope="module")
+def compiler_loaded():
+    """torch.compile's modules imported before any pytester snapshot: pytester forgets the modules imported while
+    a test ran, and torch's compiler registers its caches once per process (importing them again raises)."""
+    torch.compile(lambda x: x.sin(), backend="eager")(torch.ones(2))
+
+
+@pytest.mark.parametrize("change, fact", [
+    ("item", "+1 synchronization(s) per step: aten._local_scalar_dense"),
+    ("matmul", "+1 aten.mm per step"),
+    ("clone", "+1 copies same device per step (+1.00 MB)"),
+    ("graph break", "graph breaks 0 -> 1"),
+    ("recompile", "recompilations per call 0 -> 1"),
+])
+def test_side_by_side_names_each_change_of_what_a_step_does(compiler_loaded, pytester, change, fact):
+    """Each of the five changes, made in the working tree against a revision without it, named exactly by
+    --bench-against (one process, the signature counted after the rounds)."""
+    from test_plugin import committed
+
+    committed(pytester, test_s=CHANGES.format(change="none"))
+    pytester.makepyfile(test_s=CHANGES.format(change=change))
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-signature")
+    out = " ".join(res.stdout.str().split())
+    assert f"step: work signature: {fact}" in out, out[-3000:]
