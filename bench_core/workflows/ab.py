@@ -259,8 +259,7 @@ def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[
     (`ab_rounds`): the interval then covers what each instance's allocations add.
     """
     from bench_core.timing.counts import QUICK
-    from bench_core.workflows.counted_work import count_sides, signature_facts
-    from bench_core.workflows.diagnose.moved import explain_sides
+    from bench_core.workflows.counted_work import count_sides, explain_sides, signature_facts
 
     decide = ab
     if rounds is not None:

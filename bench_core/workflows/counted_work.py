@@ -111,3 +111,16 @@ def signature_facts(session, name: str, baseline, candidate, factories: bool) ->
     sigs = each_side(session, name, {"baseline": baseline, "candidate": candidate}, factories, record,
                       "work signature")
     return tuple(differences(sigs["baseline"], sigs["candidate"])) if len(sigs) == 2 else ()
+
+
+def explain_sides(session, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any],
+                  factories: bool) -> tuple[str, ...]:
+    """An A/B's slower or faster verdict explained: one profiler pass of each side's step (`factories`: each side
+    is a factory of steps, built first), after the A/B; empty where a side could not be profiled, which the
+    session says."""
+    from bench_core.workflows.diagnose.moved import moved, op_times
+
+    dev = session.config.device
+    times = each_side(session, name, {"baseline": baseline, "candidate": candidate}, factories,
+                      lambda fn: op_times(fn, device=dev), "time per operator")
+    return tuple(moved(times["baseline"], times["candidate"])) if len(times) == 2 else ()

@@ -43,15 +43,3 @@ def moved(base: Mapping[str, tuple[float, int]], cand: Mapping[str, tuple[float,
             rows.append((abs(ct - bt), f"{op} {ct - bt:+.3g} ms per step ({bt:.3g} -> {ct:.3g} ms; calls {bn} -> {cn})"))
     return [text for _, text in sorted(rows, reverse=True)[:top]]
 
-
-def explain_sides(session, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any],
-                  factories: bool) -> tuple[str, ...]:
-    """An A/B's slower or faster verdict explained: one profiler pass of each side's step (`factories`: each side
-    is a factory of steps, built first), after the A/B; empty where a side could not be profiled, which the
-    session says."""
-    from bench_core.workflows.counted_work import each_side
-
-    dev = session.config.device
-    times = each_side(session, name, {"baseline": baseline, "candidate": candidate}, factories,
-                      lambda fn: op_times(fn, device=dev), "time per operator")
-    return tuple(moved(times["baseline"], times["candidate"])) if len(times) == 2 else ()
