@@ -129,9 +129,20 @@ def instructions(fn: Callable[[], Any], setup: Callable[[], Any] | None, folder:
     call()
     if setup is not None:
         setup()
-    torch._C._valgrind_toggle()
-    fn()
-    torch._C._valgrind_toggle_and_dump_stats()
+    # the collector paused, as it is around the timed samples: a collection that the counts of earlier
+    # allocations happen to trigger inside the call would count the instructions of objects the step never made
+    import gc
+
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        torch._C._valgrind_toggle()
+        fn()
+        torch._C._valgrind_toggle_and_dump_stats()
+    finally:
+        if was_enabled:
+            gc.enable()
     dumps = sorted(Path(folder).glob(f"cg.{os.getpid()}.out.*"), key=lambda p: int(p.suffix.lstrip(".") or 0))
     if not dumps:
         raise RuntimeError(f"no callgrind output in {folder}: is this process running under valgrind?")
