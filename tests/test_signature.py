@@ -215,7 +215,8 @@ def test_a_graph_break_and_a_recompilation_per_call_are_named():
         return g(x, calls[0])
     again = record(step)
     assert again.recompiles == 1
-    assert "recompilations per call 0 -> 1" in differences(plain, again)
+    assert any(d.startswith("recompilations per call 0 -> 1, the guard that failed: ")
+               for d in differences(plain, again))
     torch._dynamo.reset()
 
 
@@ -540,3 +541,29 @@ def test_side_by_side_names_each_change_of_what_a_step_does(compiler_loaded, pyt
     res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-signature")
     out = " ".join(res.stdout.str().split())
     assert f"step: work signature: {fact}" in out, out[-3000:]
+
+
+def test_a_recompilation_names_the_guard_that_failed_and_signatures_have_a_table():
+    import torch._dynamo
+    from bench_core import Scenario, measure
+    from bench_core.output.tables import signature_table
+
+    torch._dynamo.reset()
+    calls = [0]
+    x = torch.randn(8)
+
+    def f(x):
+        calls[0] += 1
+        return x.sin() + calls[0]
+    g = torch.compile(f, backend="eager", dynamic=False)
+    sig = record(lambda: g(x))
+    assert sig.recompiles == 1 and any("calls" in r for r in sig.recompile_reasons)
+    (fact,) = [d for d in differences(Signature(), sig) if d.startswith("recompilations")]
+    assert fact.startswith("recompilations per call 0 -> 1, the guard that failed: ") and "calls" in fact
+    assert Signature.from_dict(sig.to_dict()) == sig
+    from dataclasses import replace
+
+    m = replace(measure(lambda: x.cos(), scenario=Scenario("step", ("forward",)), warmup=0, repeats=3), signature=sig)
+    text = " ".join(signature_table([m], wide=True).split())
+    assert text.startswith("scenario operators syncs copies allocations graphs breaks recompiles instructions")
+    assert "step" in text and "n/o" in text

@@ -33,6 +33,7 @@ class Signature:
     graph_breaks: int = 0                                         # torch.compile: breaks in the first call
     break_reasons: tuple[str, ...] = ()                           # their reasons, one line each, distinct
     recompiles: int = 0                                           # compilations in a call after the first
+    recompile_reasons: tuple[str, ...] = ()                       # the guards that failed, one line each, distinct
     instructions: int | None = None                               # host instructions of one step (callgrind);
                                                                   # None: not counted
 
@@ -50,9 +51,11 @@ class Signature:
         if self.instructions is not None and (isinstance(self.instructions, bool) or
                                               not isinstance(self.instructions, int) or self.instructions < 0):
             raise ValueError("work signature: instructions must be a non-negative integer, or absent")
-        if not isinstance(self.break_reasons, (tuple, list)) or not all(isinstance(r, str) for r in self.break_reasons):
-            raise ValueError("work signature: break_reasons must be a list of strings")
-        object.__setattr__(self, "break_reasons", tuple(self.break_reasons))
+        for name in ("break_reasons", "recompile_reasons"):
+            value = getattr(self, name)
+            if not isinstance(value, (tuple, list)) or not all(isinstance(r, str) for r in value):
+                raise ValueError(f"work signature: {name} must be a list of strings")
+            object.__setattr__(self, name, tuple(value))
 
     def total(self, counter: str) -> int:
         if counter == "operators":
@@ -69,6 +72,7 @@ class Signature:
                 "allocations": self.allocations, "allocated_bytes": self.allocated_bytes, "graphs": self.graphs,
                 "graph_breaks": self.graph_breaks, "break_reasons": list(self.break_reasons),
                 "recompiles": self.recompiles,
+                **({"recompile_reasons": list(self.recompile_reasons)} if self.recompile_reasons else {}),
                 **({"instructions": self.instructions} if self.instructions is not None else {})}
 
     @classmethod
@@ -78,4 +82,4 @@ class Signature:
                              f"is not {SIGNATURE_VERSION}")
         return cls(**{k: doc[k] for k in ("operators", "syncs", "copies", "copy_bytes", "allocations",
                                           "allocated_bytes", "graphs", "graph_breaks", "break_reasons",
-                                          "recompiles", "instructions") if k in doc})
+                                          "recompiles", "recompile_reasons", "instructions") if k in doc})

@@ -31,7 +31,9 @@ def differences(base: Signature, cand: Signature) -> list[str]:
         new = [r for r in cand.break_reasons if r not in base.break_reasons]
         out.append(f"graph breaks {base.graph_breaks} -> {cand.graph_breaks}" + (f": {'; '.join(new)}" if new else ""))
     if cand.recompiles != base.recompiles:
-        out.append(f"recompilations per call {base.recompiles} -> {cand.recompiles}")
+        new = [r for r in cand.recompile_reasons if r not in base.recompile_reasons]
+        out.append(f"recompilations per call {base.recompiles} -> {cand.recompiles}"
+                   + (f", the guard that failed: {'; '.join(new)}" if new else ""))
     for op in sorted(set(base.operators) | set(cand.operators)):
         d = cand.operators.get(op, 0) - base.operators.get(op, 0)
         if d:

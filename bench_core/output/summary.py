@@ -6,7 +6,7 @@ import math
 
 from bench_core.core.redact import redact
 from bench_core.output.tables import (below, comparison_table, decisions_table, hypotheses_table, ranks_table,
-                                      resource_table, session_table, work_table)
+                                      resource_table, session_table, signature_table, work_table)
 from bench_core.timing.flops import bandwidth_for, peak_flops_for
 
 
@@ -34,6 +34,8 @@ def summary_sections(session) -> list[tuple[str, str]]:
         text = work_table(s.results, lambda m: peak_flops_for(m, s.environment, s.config.peak_tflops), wide=wide,
                           bandwidth_of=lambda m: bandwidth_for(m, s.environment))
         out.append(("bench_core work and utilization (counted FLOPs)", text + below(s.uncounted, wide)))
+    if any(m.signature is not None for m in s.results):
+        out.append(("bench_core work signatures", signature_table(s.results, wide=wide)))
     if s.results:
         wait = {p.scenario: p.facts.stage_us["batch_read"] / p.facts.step_us for p in s.profiles
                 if p.facts.step_us and "batch_read" in p.facts.stage_us}

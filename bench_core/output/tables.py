@@ -458,3 +458,23 @@ def history_table(history, wide: bool = False) -> str:
     lines = lines or [f"no change point in {len(history.points)} runs (the search needs at least 6)"
                       if len(history.points) < 6 else f"no change point in {len(history.points)} runs"]
     return out + below(lines, wide)
+
+
+def signature_table(results: Sequence[Measurement], wide: bool = False) -> str:
+    """Each counted work signature in one row: what one step does (operators, host reads that synchronize,
+    copies, allocations, torch.compile's graphs, breaks and recompilations, host instructions where counted)."""
+    def mb(n: int) -> str:
+        return f"{n / 2 ** 20:.2f} MB" if n >= 2 ** 20 else f"{n / 1024:.1f} KB" if n >= 1024 else f"{n} B"
+    rows = []
+    for m in results:
+        s = m.signature
+        if s is None:
+            continue
+        rows.append([m.name, s.total("operators"), s.total("syncs"),
+                     f"{s.total('copies')} ({mb(sum(s.copy_bytes.values()))})",
+                     f"{s.allocations} ({mb(s.allocated_bytes)})", s.graphs, s.graph_breaks, s.recompiles,
+                     NOT_OBSERVED if s.instructions is None else f"{s.instructions:,}"])
+    return fit(["scenario", "operators", "syncs", "copies", "allocations", "graphs", "breaks", "recompiles",
+                "instructions"], rows, wide=wide, foldable=("graphs", "breaks", "recompiles"),
+               droppable=("instructions",)) + below(["per step, counted once after the window, exactly; n/o: not "
+                                                      "counted (instructions: --bench-instructions)"], wide)

@@ -85,7 +85,7 @@ def _compiled(fn: Callable[[], Any], setup: Callable[[], Any] | None) -> dict:
     if sys.modules.get("torch._dynamo") is None:   # nothing was ever compiled in this process
         call()
         return {}
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters, guard_failures
 
     counters.clear()
     call()
@@ -96,9 +96,19 @@ def _compiled(fn: Callable[[], Any], setup: Callable[[], Any] | None) -> dict:
     reasons = sorted({_reason(r) for r in counters["graph_break"] if str(r).strip()})
     breaks = int(sum(counters["resumes"].values()))
     graphs = int(counters["stats"]["unique_graphs"])
+    seen = {code: len(failed) for code, failed in guard_failures.items()}
     call()
+    guards = sorted({_guard(g) for code, failed in guard_failures.items() for g in failed[seen.get(code, 0):]})
     return {"graphs": graphs, "graph_breaks": breaks, "break_reasons": tuple(reasons),
-            "recompiles": int(counters["frames"]["total"] - frames)}
+            "recompiles": int(counters["frames"]["total"] - frames), "recompile_reasons": tuple(guards)}
+
+
+def _guard(text) -> str:
+    """A failed guard in one line, without dynamo's frame and compile numbers: the guard and where it came from."""
+    import re
+
+    first = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return re.sub(r"\s+", " ", re.sub(r"^\d+/\d+: ", "", first)).strip()[:200]
 
 
 def _reason(text) -> str:
