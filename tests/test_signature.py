@@ -567,3 +567,12 @@ def test_a_recompilation_names_the_guard_that_failed_and_signatures_have_a_table
     text = " ".join(signature_table([m], wide=True).split())
     assert text.startswith("scenario operators syncs copies allocations graphs breaks recompiles instructions")
     assert "step" in text and "n/o" in text
+
+
+def test_transfers_count_only_the_copies_between_host_and_device():
+    base = Signature(copies={"same device": 3}, copy_bytes={"same device": 300})
+    more = Signature(copies={"same device": 3, "device to host": 1}, copy_bytes={"same device": 300,
+                                                                                 "device to host": 4})
+    assert base.total("transfers") == 0 and more.total("transfers") == 1 and more.total("copies") == 4
+    assert grown(base, more, ["transfers"]) == ["transfers: 0 -> 1 per step"]
+    assert grown(more, Signature(copies={"same device": 9}, copy_bytes={"same device": 900}), ["transfers"]) == []

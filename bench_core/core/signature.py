@@ -14,7 +14,9 @@ from typing import Any, Mapping
 SIGNATURE_VERSION = 1
 
 # what a session may declare must not grow (--bench-no-growth)
-COUNTERS = ("syncs", "copies", "allocations", "operators", "graph_breaks", "recompiles", "instructions")
+COUNTERS = ("syncs", "copies", "transfers", "allocations", "operators", "graph_breaks", "recompiles", "instructions")
+# copies between host and device (both directions), the ones a step on a GPU pays for most
+TRANSFERS = ("device to host", "host to device")
 
 # host instruction counts under callgrind are nearly, not exactly, the same run to run (the interpreter's own
 # bookkeeping): a change smaller than this is no fact and no growth
@@ -60,6 +62,8 @@ class Signature:
     def total(self, counter: str) -> int:
         if counter == "operators":
             return sum(self.operators.values())
+        if counter == "transfers":
+            return sum(n for way, n in self.copies.items() if way in TRANSFERS)
         if counter in ("allocations", "recompiles", "graphs", "graph_breaks"):
             return getattr(self, counter)
         if counter == "instructions":

@@ -148,7 +148,8 @@ def _options() -> tuple[Option, ...]:
                              "valgrind's callgrind, in a pytest process of each side's own (slow: a minute or more "
                              "to start one), as part of the work signature; implies --bench-signature"),
         Option(NO_GROWTH, "work-signature counters that must not grow (syncs, copies, allocations, operators, "
-                          "graph_breaks, recompiles, instructions (by more than 0.5%); comma-separated): growth fails the scenario's item, no "
+                          "transfers (host-device copies), graph_breaks, recompiles, instructions (by more than 0.5%); "
+                          "comma-separated): growth fails the scenario's item, no "
                           "statistics needed; implies --bench-signature", str,
                metavar="COUNTERS", cli="--no-growth"),
         Option(PEAK, "the device's peak for utilization (default: a known GPU's for the dtype, or on the CPU a matmul "
