@@ -96,8 +96,9 @@ def main() -> None:
         for name, at, size in (("mm", MM_AT, "25%"), ("mem", MEM_AT, "10%")):
             runs = [bisect(root, shas[0], shas[-1], name) for _ in range(ns.found)]
             out["found"][name] = {"true": shas[at], "size": size, "runs": runs}
-            hits = sum(r["first_bad"] == shas[at] for r in runs)
-            print(f"{name} (+{size} at commit {at}): found {hits}/{len(runs)}, decisions "
+            hits = sum(r["outcome"] == "found" and r["first_bad"] == shas[at] for r in runs)
+            undecided = sum(r["outcome"] == "undecided" for r in runs)
+            print(f"{name} (+{size} at commit {at}): found {hits}/{len(runs)} ({undecided} undecided), decisions "
                   f"{[r['decisions'] for r in runs]}, {sum(r['wall_s'] for r in runs) / len(runs):.0f} s each",
                   flush=True)
         for t in range(ns.aa):   # a range with no change for mm: commits 5..16 (all 25 units)

@@ -167,8 +167,8 @@ def pytest_step(root: Path, good: str, scenario: str, select: str, pytest_args: 
                 argv = [sys.executable, "-m", "pytest", *pytest_args, "-k", select, "-p", "no:cacheprovider",
                         "--bench-against", good, "--bench-alpha", f"{alpha:.6g}", "--bench-out", str(out),
                         "--bench-history", "none"]
-                if rounds_factor > 1:
-                    argv += ["--bench-max-rounds", str(36 * rounds_factor)]
+                if rounds_factor > 1:   # the first look itself later: an undecided A/A does not run on by itself
+                    argv += ["--bench-rounds", str(12 * rounds_factor), "--bench-max-rounds", str(36 * rounds_factor)]
                 with open(Path(tmp) / "log", "wb") as log:
                     proc = children.start(argv, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT)
                     try:
