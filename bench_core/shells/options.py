@@ -141,17 +141,6 @@ def _options() -> tuple[Option, ...]:
                       "matplotlib: pip install -e \".[plots]\")", str, metavar="DIR"),
         Option(FLOPS, "count each step's FLOPs once after its window (torch's FLOP counter) and report achieved "
                       "FLOP/s and the share of the peak"),
-        Option(SIGNATURE, "count each step's work signature once after its window (operators, host reads that "
-                          "synchronize, copies, allocations) and compare it exactly with the baseline's or the "
-                          "revision's: every difference is reported as a fact"),
-        Option(INSTRUCTIONS, "with --bench-against: count the host instructions of one step of each side under "
-                             "valgrind's callgrind, in a pytest process of each side's own (slow: a minute or more "
-                             "to start one), as part of the work signature; implies --bench-signature"),
-        Option(NO_GROWTH, "work-signature counters that must not grow (syncs, copies, allocations, operators, "
-                          "transfers (host-device copies), graph_breaks, recompiles, instructions (by more than 0.5%); "
-                          "comma-separated): growth fails the scenario's item, no "
-                          "statistics needed; implies --bench-signature", str,
-               metavar="COUNTERS", cli="--no-growth"),
         Option(PEAK, "the device's peak for utilization (default: a known GPU's for the dtype, or on the CPU a matmul "
                      "peak measured once)", float, metavar="TFLOPS"),
         Option(STRICT, "with a comparison: inconclusive and incomparable fail their test items too (the CLI: exit 1)",
@@ -180,7 +169,23 @@ def _options() -> tuple[Option, ...]:
         Option(PROFILE_TB, "diagnose: also write for the TensorBoard profiler plugin"),
         Option(PROFILE_REFUSE, "diagnose: refuse to write a trace holding sensitive strings, instead of redacting "
                                "them"),
-    ) + _against_options() + _history_options()
+    ) + _against_options() + _signature_options() + _history_options()
+
+
+def _signature_options() -> tuple[Option, ...]:
+    return (
+        Option(SIGNATURE, "count each step's work signature once after its window (operators, host reads that "
+                          "synchronize, copies, allocations) and compare it exactly with the baseline's or the "
+                          "revision's: every difference is reported as a fact"),
+        Option(INSTRUCTIONS, "with --bench-against: count the host instructions of one step of each side under "
+                             "valgrind's callgrind, in a pytest process of each side's own (slow: a minute or more "
+                             "to start one), as part of the work signature; implies --bench-signature"),
+        Option(NO_GROWTH, "work-signature counters that must not grow (syncs, copies, allocations, operators, "
+                          "transfers (host-device copies), graph_breaks, recompiles, instructions (by more than 0.5%); "
+                          "comma-separated): growth fails the scenario's item, no "
+                          "statistics needed; implies --bench-signature", str,
+               metavar="COUNTERS", cli="--no-growth"),
+    )
 
 
 def _history_options() -> tuple[Option, ...]:
