@@ -445,27 +445,10 @@ def test_a_compiled_steps_cold_start_is_split_into_tracing_and_compilation():
 def test_a_stored_baselines_slower_verdict_says_where_the_time_moved(pytester):
     """With the work signature, each result keeps one profiler pass's time per operator, so a later run called
     slower against that baseline (on the fake clock) names the operators whose time moved, with their calls."""
-    from pathlib import Path
+    from test_fidelity import CONFTEST
+    from test_processes import MATMULS as body   # 1 or 4 matmuls a step, its time on the fake clock
 
-    tests = str(Path(__file__).parent)
-    pytester.makeconftest(f"import sys; sys.path.insert(0, {tests!r})\n")
-    body = '''
-import torch
-from bench_core import Scenario
-from fakes import SHARED_CLOCK, work_on_shared_clock
-
-A = torch.randn(128, 128)
-
-
-def test_step(bench):
-    tick = work_on_shared_clock({ms})
-
-    def step():
-        for _ in range({n}):
-            A @ A
-        tick()
-    bench.run(Scenario("step", ("forward",)), step, clock=SHARED_CLOCK)
-'''
+    pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_s=body.format(ms=1.0, n=1))
     pytester.runpytest("--bench-save", "main", "--bench-signature", "--bench-no-out",
                        "--bench-repeats", "5").assert_outcomes(passed=1)

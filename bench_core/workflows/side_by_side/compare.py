@@ -160,15 +160,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     malloc = ", glibc malloc thresholds pinned" if a.malloc == "pinned" else ""
     sampler = Sampler(scenario.name, CpuBackend())
     spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
-
-    def release(side, j, worker, ok):
-        ran[side].append(worker.ran)
-        if ok:
-            try:
-                worker.done()
-            except ScenarioError:
-                ok = False
-        pool.release(worker, ok)
+    release = _release_to(pool, lambda side, report: ran[side].append(report))
 
     if can_fork(session.config.device):
         looks = a.looks(quick)
@@ -231,6 +223,20 @@ def _profile_served(session, name: str, servers) -> list[str]:
     return moved(times["baseline"], times["candidate"])
 
 
+def _release_to(pool, keep: Callable[[str, Mapping], Any]):
+    """A pair's `release` for `with_servers`: each server's own report on what it ran kept (`keep(side, report)`),
+    then the server told its item is done and returned to `pool`, or ended if anything went wrong."""
+    def release(side, j, worker, ok):
+        keep(side, worker.ran)
+        if ok:
+            try:
+                worker.done()
+            except ScenarioError:
+                ok = False
+        pool.release(worker, ok)
+    return release
+
+
 def count_instructions(session, name: str, sides: Mapping[str, tuple[Mapping, Mapping]]) -> tuple:
     """(baseline, current) host instructions of one step, each counted by a server of its own side run under
     valgrind's callgrind (`sides`: as for process mode), after the comparison; None where not counted, and the
@@ -245,17 +251,8 @@ def count_instructions(session, name: str, sides: Mapping[str, tuple[Mapping, Ma
     folder, reports = pool.scratch(), {}
     spawn = {side: (lambda j, side=side: pool.get(side, j, {**sides[side][0], "instructions": folder},
                                                   sides[side][1])) for side in sides}
-
-    def release(side, j, worker, ok):
-        reports[side] = worker.ran
-        if ok:
-            try:
-                worker.done()
-            except ScenarioError:
-                ok = False
-        pool.release(worker, ok)
     try:
-        with_servers(spawn, 0, lambda servers: None, release=release)
+        with_servers(spawn, 0, lambda servers: None, release=_release_to(pool, reports.__setitem__))
     except SideError as exc:
         session.uncounted.append(f"{name}: instructions not counted: {exc.problem}")
         return None, None
