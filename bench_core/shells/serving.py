@@ -47,6 +47,8 @@ def serve_items(items, state) -> None:
     """A side's server (`--bench-serve`): run the test items the parent asks for, one at a time, each up to its
     bench.run for the scenario asked for (warmed and counted there, see `serve`), then its rounds, each a run of
     the item afresh."""
+    from bench_core.workflows.worker import serve_rounds
+
     torch = sys.modules.get("torch")
     state.channel.send({"ready": os.getpid(), "python": platform.python_version(),
                         "torch": getattr(torch, "__version__", None),
@@ -79,8 +81,6 @@ def serve_items(items, state) -> None:
         if not state.reached:
             state.channel.send({"error": state.missed(item.nodeid)})
             continue
-        from bench_core.workflows.worker import serve_rounds
-
         if serve_rounds(state, run_item, item.nodeid) == "quit":
             return
         state.channel.send({"item_done": doc["scenario"], "served": True})

@@ -88,7 +88,7 @@ class ServeState:
         self.ended_by: str | None = None    # how this run's serving ended: "end", "quit", "failed"
 
     def begin(self, scenario: str) -> None:
-        self.requested, self.round = scenario, False
+        self.requested = scenario
         self.again()
 
     def again(self, round_: bool = False) -> None:
