@@ -407,24 +407,27 @@ def test_a_profile_folder_that_is_a_file_stops_the_session_before_any_work(bt):
 
 
 ISOLATED = '''
-import time
 import torch
 from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
 
 # registered at import: a second copy of this module cannot be loaded into the same process
 LIB = torch.library.Library("bench_isolated_test", "DEF")
 LIB.define("noop(Tensor x) -> Tensor")
 MS = {ms}
 
-def test_isolated(bench):
-    bench.run(Scenario("isolated", ("compute",)), lambda: time.sleep(MS / 1000))
+def test_isolated(bench):   # on the fake clock: the verdict never depends on the machine's load
+    bench.run(Scenario("isolated", ("compute",)), work_on_shared_clock(MS), clock=SHARED_CLOCK)
 
 def test_isolated_unchanged(bench):
-    bench.run(Scenario("isolated_unchanged", ("compute",)), lambda: time.sleep(0.002))
+    bench.run(Scenario("isolated_unchanged", ("compute",)), work_on_shared_clock(2.0), clock=SHARED_CLOCK)
 '''
 
 
 def test_code_that_cannot_load_twice_is_compared_with_each_side_in_its_own_process(pytester):
+    from test_fidelity import CONFTEST
+
+    pytester.makeconftest(CONFTEST)
     committed(pytester, test_isolated=ISOLATED.format(ms=2))
     pytester.makepyfile(test_isolated=ISOLATED.format(ms=6))      # three times slower
     res = pytester.runpytest_subprocess("--bench-against", "HEAD", "--bench-quick")
