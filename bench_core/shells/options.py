@@ -79,7 +79,8 @@ def _against_options() -> tuple[Option, ...]:
         Option(AGAINST, "measure every scenario side by side with git revision REV in this run, and decide each",
                str, metavar="REV"),
         Option(ROUNDS, f"with --bench-against: rounds of fresh instances ({a('rounds')})", int),
-        Option(PAIRS, f"with --bench-against: alternated pairs per round ({a('pairs')})", int),
+        Option(PAIRS, f"with --bench-against: alternated pairs per round ({a('pairs')} in one process, "
+                      f"{a('forked_pairs')} in process mode's forked rounds; given, it sets both)", int),
         Option(WORKER_PAIRS, f"with --bench-against, for code that cannot be loaded twice into one process: pairs of "
                              f"worker processes, the unit of evidence there ({a('processes')}; {a('quick_processes')} "
                              f"under --bench-quick); each pair serves every such scenario in turn", int, metavar="N"),
@@ -270,7 +271,8 @@ def against_config(value: Values):
         return None
     from bench_core.workflows.side_by_side.compare import AgainstConfig
 
-    kw = {k: value(flag) for k, flag in (("rounds", ROUNDS), ("pairs", PAIRS), ("max_rounds", MAX_ROUNDS),
+    kw = {k: value(flag) for k, flag in (("rounds", ROUNDS), ("pairs", PAIRS), ("forked_pairs", PAIRS),
+                                         ("max_rounds", MAX_ROUNDS),
                                          ("processes", WORKER_PAIRS), ("quick_processes", WORKER_PAIRS),
                                          ("threshold", THRESHOLD))}
     python = value(AGAINST_PYTHON)

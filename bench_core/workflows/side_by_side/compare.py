@@ -35,6 +35,8 @@ class AgainstConfig:
     rev: str | None          # None: this tree, compared in another interpreter (`python`)
     rounds: int = 12         # 12 x (1 first call + 4 pairs) x 2 sides = 120 calls at the first look
     pairs: int = 4
+    forked_pairs: int = 3    # process mode's forked rounds: each round also pays a fork and the test item, so its
+                             # fourth pair bought less power than it cost (docs/side-by-side.md)
     warmup: int = 0          # the first call of each instance (kept apart) already warms it
     seed: int = 0
     threshold: float = 0.02
@@ -47,9 +49,11 @@ class AgainstConfig:
     malloc: str = "pinned"         # process mode: glibc malloc's thresholds fixed in both sides' servers, or "as-is"
 
     def __post_init__(self):
-        if self.rounds < 3 or self.pairs < 1:
+        pairs = self.pairs if self.pairs < 1 else self.forked_pairs   # what --bench-pairs gave, where it did
+        if self.rounds < 3 or pairs < 1:
             raise ValueError(f"--bench-against needs at least 3 rounds and 1 pair per round, got {self.rounds} "
-                             f"and {self.pairs} (the interval comes from the spread between rounds)")
+                             f"and {self.pairs if pairs >= 1 else pairs} (the interval comes from the spread between "
+                             f"rounds)")
         if min(self.processes, self.quick_processes) < 3:
             raise ValueError(f"--bench-worker-pairs needs at least 3 pairs of processes, got "
                              f"{min(self.processes, self.quick_processes)} (the interval comes from the spread between "
@@ -156,14 +160,13 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     pool = worker_pool(session)
     proof = dict(proof or {})
     ran = proof["processes_ran"] = {side: [] for side in sides}    # each server's own word on what it loaded
-    pairs = QUICK.pairs if quick else a.pairs
     malloc = ", glibc malloc thresholds pinned" if a.malloc == "pinned" else ""
     sampler = Sampler(scenario.name, CpuBackend())
     spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
     release = _release_to(pool, lambda side, report: ran[side].append(report))
 
     if can_fork(session.config.device):
-        looks = a.looks(quick)
+        looks, pairs = a.looks(quick), QUICK.pairs if quick else a.forked_pairs
         # the servers warm up before they fork, so a child's first call is not a cold start: that is observed here,
         # on this process's own instance of the current side, as a plain run observes it
         first = Sampler(scenario.name, backend_for(session.config.device))
@@ -196,6 +199,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                              explain=lambda: tuple(profiled),
                              instructions=lambda: count_instructions(session, scenario.name, sides))
     k, rounds = (a.quick_processes, 1) if quick else (a.processes, a.process_rounds)
+    pairs = QUICK.pairs if quick else a.pairs
 
     def run_pairs(judge):
         res = run_processes(spawn, sampler, processes=k, rounds=rounds, pairs=pairs, seed=a.seed, release=release)
