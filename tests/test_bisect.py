@@ -89,3 +89,40 @@ def test_bisect_finds_the_commit_that_made_a_scenario_25_percent_slower_in_workt
     assert all(s["ratio"] is not None for s in doc["steps"])
     assert git("status", "--porcelain") == "" and (tmp_path / "data.bin").read_text() == "untracked data"
     assert git("worktree", "list").count("\n") == 0     # every temporary worktree removed
+
+
+def test_each_commits_worktree_has_its_submodules_at_that_commits_own_version(tmp_path):
+    """A plain `git worktree add` leaves a submodule empty, so a step would run without its code (or fail): each
+    commit's worktree gets every submodule at the commit it records, as a worktree of the user's clone, all removed
+    afterwards; a submodule the user never checked out is named."""
+    from bench_core.workflows.bisect import BisectError, worktree
+    from test_revisions import _tree, git, write
+
+    sub = _tree(tmp_path, "workload")
+    write(sub, {"work.py": "AMOUNT = 2\n"})
+    git(sub, "add", "-A")
+    git(sub, "commit", "-qm", "small")
+    root = _tree(tmp_path, "repo")
+    git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "workload")
+    git(root, "commit", "-qm", "v1")
+    write(root, {"workload/work.py": "AMOUNT = 20\n"})       # the workload bumped 10x
+    git(root / "workload", "commit", "-qam", "large")
+    git(root, "commit", "-qam", "v2")
+
+    def head(repo):
+        return subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    with worktree(root, head(root), tmp_path / "tree") as tree:
+        assert (tree / "workload" / "work.py").read_text() == "AMOUNT = 2\n"
+    assert not (tmp_path / "tree").exists()
+    for repo in (root, root / "workload"):
+        listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
+        assert listed.count("\n") == 1       # only the user's own checkout is left
+    assert (root / "workload" / "work.py").read_text() == "AMOUNT = 20\n"   # the user's tree untouched
+
+    bare = _tree(tmp_path, "fresh")
+    git(bare, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "workload")
+    git(bare, "commit", "-qm", "v1")
+    git(bare, "submodule", "deinit", "-q", "--all")
+    with pytest.raises(BisectError, match="submodule workload, which is not checked out here"):
+        with worktree(bare, "HEAD", tmp_path / "tree2"):
+            pass

@@ -15,9 +15,10 @@ import math
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from bench_core.core.errors import BenchError
 from bench_core.deciding.verdicts import FASTER, INCONCLUSIVE, SLOWER, UNCHANGED
@@ -153,33 +154,68 @@ def pytest_step(root: Path, good: str, scenario: str, select: str, pytest_args: 
     """`decide` for `search`: the commit checked out in a temporary worktree (data the user's tree does not
     track linked in, as --bench-against does), `pytest PYTEST_ARGS -k SELECT --bench-against GOOD` run there, and
     its decision for `scenario` read from its session file."""
-    from bench_core.files import children, git
+    from bench_core.files import children
     from bench_core.workflows.side_by_side.revisions import link_untracked
 
     def decide(commit: str, alpha: float, rounds_factor: int) -> Step:
-        with tempfile.TemporaryDirectory(prefix="bench_core-bisect-") as tmp:
-            tree, out = Path(tmp) / "tree", Path(tmp) / "out"
-            added = git.run(root, "worktree", "add", "--detach", "--force", str(tree), commit)
-            if added.returncode != 0:
-                raise BisectError(f"git worktree add {commit[:12]} failed: {added.stderr.strip()}")
-            try:
-                link_untracked(root, tree)
-                argv = [sys.executable, "-m", "pytest", *pytest_args, "-k", select, "-p", "no:cacheprovider",
-                        "--bench-against", good, "--bench-alpha", f"{alpha:.6g}", "--bench-out", str(out),
-                        "--bench-history", "none"]
-                if rounds_factor > 1:   # the first look itself later: an undecided A/A does not run on by itself
-                    argv += ["--bench-rounds", str(12 * rounds_factor), "--bench-max-rounds", str(36 * rounds_factor)]
-                with open(Path(tmp) / "log", "wb") as log:
-                    proc = children.start(argv, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT)
-                    try:
-                        proc.wait(timeout=timeout_s)
-                    finally:
-                        children.end(proc)
-                tail = (Path(tmp) / "log").read_text(errors="replace").strip().splitlines()[-5:]
-                return _step_from(commit, scenario, sorted(out.glob("session-*.json")), tail)
-            finally:
-                git.run(root, "worktree", "remove", "--force", str(tree))
+        with tempfile.TemporaryDirectory(prefix="bench_core-bisect-") as tmp, \
+                worktree(root, commit, Path(tmp) / "tree") as tree:
+            out = Path(tmp) / "out"
+            link_untracked(root, tree)
+            argv = [sys.executable, "-m", "pytest", *pytest_args, "-k", select, "-p", "no:cacheprovider",
+                    "--bench-against", good, "--bench-alpha", f"{alpha:.6g}", "--bench-out", str(out),
+                    "--bench-history", "none"]
+            if rounds_factor > 1:   # the first look itself later: an undecided A/A does not run on by itself
+                argv += ["--bench-rounds", str(12 * rounds_factor), "--bench-max-rounds", str(36 * rounds_factor)]
+            with open(Path(tmp) / "log", "wb") as log:
+                proc = children.start(argv, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT)
+                try:
+                    proc.wait(timeout=timeout_s)
+                finally:
+                    children.end(proc)
+            tail = (Path(tmp) / "log").read_text(errors="replace").strip().splitlines()[-5:]
+            return _step_from(commit, scenario, sorted(out.glob("session-*.json")), tail)
     return decide
+
+
+@contextmanager
+def worktree(root: Path, commit: str, tree: Path) -> Iterator[Path]:
+    """`commit` checked out at `tree` as a temporary worktree of `root`, each submodule it records checked out at
+    its commit as a worktree of the user's clone of it (a plain `git worktree add` leaves submodules empty, so the
+    step would run without their code); all removed afterwards."""
+    from bench_core.files import git
+
+    added = git.run(root, "worktree", "add", "--detach", "--force", str(tree), commit)
+    if added.returncode != 0:
+        raise BisectError(f"git worktree add {commit[:12]} failed: {added.stderr.strip()}")
+    subs: list[tuple[Path, Path]] = []
+    try:
+        _add_submodules(root, tree, commit, subs)
+        yield tree
+    finally:
+        for repo, path in reversed(subs):
+            git.run(repo, "worktree", "remove", "--force", str(path))
+        git.run(root, "worktree", "remove", "--force", str(tree))
+
+
+def _add_submodules(repo: Path, tree: Path, commit: str, added: list[tuple[Path, Path]]) -> None:
+    from bench_core.files import git
+
+    listing = git.run(repo, "ls-tree", "-r", "-z", commit)
+    for entry in listing.stdout.split("\0"):
+        meta, _, path = entry.partition("\t")
+        if not meta.startswith("160000 commit "):
+            continue
+        sub, at = repo / path, meta.split()[2]
+        if not (sub / ".git").exists():
+            raise BisectError(f"commit {commit[:12]} has the submodule {path}, which is not checked out here: run "
+                              f"`git submodule update --init` first, so each commit runs with its own copy of it")
+        out = git.run(sub, "worktree", "add", "--detach", "--force", str(tree / path), at)
+        if out.returncode != 0:
+            raise BisectError(f"the submodule {path} at {at[:12]} (as {commit[:12]} records it) could not be checked "
+                              f"out: {out.stderr.strip()} (fetch it first: git -C {path} fetch)")
+        added.append((sub, tree / path))
+        _add_submodules(sub, tree / path, at, added)
 
 
 def _step_from(commit: str, scenario: str, files: list[Path], tail: list[str]) -> Step:
