@@ -67,6 +67,8 @@ class SessionConfig:
     topology: Any = None               # a distributed Topology given on the command line (--bench-nproc...), or None
     replica: Path | None = None        # a fresh process of the gate's replication: its measurements go here
     serve: tuple[int, int] | None = None   # a side's server of --bench-against's process mode: its channel
+    cache: str | None = None           # GPU: every sample's L2 "cold" (flushed) or "hot"; beats the scenario's
+    graph: bool = False                # GPU: every step timed as a CUDA graph beside eagerly; or the scenario's
 
 
 class BenchSession:
@@ -97,6 +99,7 @@ class BenchSession:
         self.one_side: list[tuple[str, str]] = []     # scenarios measured on one side only, and why
         self.new: set[str] = set()                    # of those, the ones the other side never had
         self.leaks: list[tuple[str, list[str]]] = []  # (test, what it left changed or running), undone since
+        self.cache_checked = False                    # the cold-cache self-check ran (on the first cold scenario)
         # what the comparisons are against: a stored baseline, or another revision (and its worker processes)
         self.baseline: dict[str, list[Measurement]] | None = None
         self.prior = None                             # the run-to-run variance prior fitted from the baseline
@@ -124,6 +127,8 @@ class BenchSession:
         scenario = scenario.with_metadata(device=self.config.device)
         if self.progress is not None:
             kwargs = {"progress": self.progress.scenario(scenario.name), **kwargs}
+        scenario, modes = self._gpu_modes(scenario)
+        kwargs = {**modes, **kwargs}
         try:
             return self._measure(fn, scenario=scenario, device=self.config.device, warmup=w, repeats=r,
                                  threads=self.config.threads, environment=self.environment, **kwargs)
@@ -133,6 +138,23 @@ class BenchSession:
         except TypeError as exc:  # a wrong keyword from the benchmark itself
             self.errors.append((scenario.name, str(exc)))
             raise ScenarioError(scenario.name, str(exc)) from exc
+
+    def gpu_modes(self, scenario: Scenario) -> tuple[str | None, bool]:
+        """The scenario's GPU timing modes, (cache, graph): the command line's beat its own."""
+        return self.config.cache or scenario.cache, self.config.graph or scenario.graph
+
+    def _gpu_modes(self, scenario: Scenario) -> tuple[Scenario, dict]:
+        """The scenario and `measure`'s arguments for its GPU modes; the first cold scenario of the session checks
+        the flush. On the CPU a scenario's modes are not applied, and its metadata says so."""
+        cache, graph = self.gpu_modes(scenario)
+        if not cache and not graph:
+            return scenario, {}
+        if self.config.device == "cpu":
+            return scenario.with_metadata(gpu_modes="not applied on the CPU: " + ", ".join(
+                [f"cache {cache}"] * bool(cache) + ["graph"] * graph)), {}
+        check = cache == "cold" and not self.cache_checked
+        self.cache_checked = self.cache_checked or check
+        return scenario, {"cache": cache, "graph": graph, "cache_check": check}
 
     def limited(self, scenario: Scenario):
         """The scenario's time limit, as a context: a hang fails that scenario, by name."""
@@ -212,6 +234,9 @@ class BenchSession:
         return side_by_side.run_against_processes(self, scenario, live, sides, **kwargs)
 
     def ab(self, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any], **kwargs):
+        if self.config.cache or self.config.graph:   # never a decision taken otherwise than the run asked for
+            raise ScenarioError(name, "an A/B decision does not apply the GPU timing modes (--bench-cache, "
+                                      "--bench-graph): run it without them")
         return ab_workflow.run_ab(self, name, baseline, candidate, **kwargs)
 
     def reference(self, name: str, variant, state, model, optimizer=None, *, steps: int = 3, tolerance=None):

@@ -27,7 +27,11 @@ print(torch.cuda.get_device_properties(0))
 print(torch.profiler.supported_activities())
 x = torch.ones(1, device=\"cuda\"); print(sorted(torch.cuda.memory_stats()))
 "'
-for truth in timers memory state trace; do   # the hardware against what the fakes assume
+# per-sample clocks need NVML: a wheel carried in .cache/wheels (run with carry=[".cache"]: the device machine has
+# no network; `pip download nvidia-ml-py --no-deps -d .cache/wheels` fetches it) is installed if it is missing
+python -c "import pynvml" 2>/dev/null || pip install -q --no-index --find-links .cache/wheels nvidia-ml-py 2>/dev/null \
+  || echo "nvidia-ml-py not installed: the clocks check will say so"
+for truth in timers memory state trace cache graph clocks kernel; do   # the hardware against what the fakes assume
   step "truth_$truth" 120 python scripts/gpu_ground_truth.py "$truth" "$out/truth"
 done
 step tests_gpu 300 python -m pytest tests --gpu -q -m gpu

@@ -1,6 +1,6 @@
 """Ground truth on a real GPU: what the fakes stand in for, checked against the hardware. Run by gpu_check.sh.
 
-    python scripts/gpu_ground_truth.py timers|memory|state|trace OUT_DIR
+    python scripts/gpu_ground_truth.py timers|memory|state|trace|cache|graph|clocks|kernel OUT_DIR
 
 Each check prints its numbers and PASS or FAIL; the exit status is the number of FAILs.
 """
@@ -109,11 +109,89 @@ def trace(out: Path) -> None:
         shutil.copy(res.trace_path, out / "trace_fixture.json")
 
 
+def cache(out: Path) -> None:
+    """A flush makes an L2-resident probe slower: measured cold and hot, and by the session's self-check."""
+    from bench_core.timing import cache as caching
+    from bench_core.timing.backends import backend_for
+
+    backend = backend_for("cuda")
+    l2 = backend.cache_bytes()
+    check("torch reports the L2 size", bool(l2), f"{(l2 or 0) / 2**20:.1f} MiB")
+    probe = torch.empty(int(caching.PROBE_SHARE * l2), dtype=torch.uint8, device="cuda")
+    cold = measure(probe.sum, scenario="probe", device="cuda", warmup=3, repeats=30, cache="cold")
+    hot = measure(probe.sum, scenario="probe", device="cuda", warmup=3, repeats=30, cache="hot")
+    ratio = cold.summary.median / hot.summary.median
+    check("a flush makes an L2-sized probe slower", ratio > 1 + caching.COLDER_BY,
+          f"{probe.nbytes / 2**20:.1f} MiB probe: cold {cold.summary.median * 1e3:.2f} us, hot "
+          f"{hot.summary.median * 1e3:.2f} us (GPU event time, medians), cold/hot {ratio:.2f}")
+    found = caching.self_check(backend)
+    check("the self-check agrees", found.colder, json.dumps(found.to_dict()))
+    (out / "cache.json").write_text(json.dumps({"l2_bytes": l2, "cold_ms": list(cold.gpu_ms), "hot_ms": list(hot.gpu_ms),
+                                                "self_check": found.to_dict()}))
+
+
+def graph(out: Path) -> None:
+    """A graph replay equals eager output and is faster for a launch-bound step; what cannot be captured is refused."""
+    from bench_core.core.errors import ScenarioError
+
+    x = torch.randn(256, device="cuda")
+
+    def small():   # 64 tiny kernels: launch-bound
+        z = x
+        for _ in range(64):
+            z = z * 1.0001 + 0.0001
+        return z
+    m = measure(small, scenario="launch_bound", device="cuda", warmup=3, repeats=20, graph=True)
+    g = m.gpu_timing["graph"]
+    check("replay output equals eager", g["output"] == "equal to an eager call's", g["output"])
+    check("a graph is faster for a launch-bound step", g["graph_gpu_median_ms"] < g["eager_gpu_median_ms"],
+          f"per step: eager {g['eager_gpu_median_ms'] * 1e3:.1f} us, graph {g['graph_gpu_median_ms'] * 1e3:.1f} us, "
+          f"launch overhead {g['launch_overhead_ms'] * 1e3:.1f} us (GPU event time, {g['replays_per_sample']} per sample)")
+    try:
+        measure(lambda: (x * 2).sum().item(), scenario="syncs", device="cuda", warmup=1, repeats=2, graph=True)
+        refused = "not refused"
+    except ScenarioError as exc:
+        refused = exc.problem
+    check("a host sync inside the step is refused", "cannot be captured" in refused, refused[:200])
+    torch.cuda.synchronize()   # the device is usable after a refused capture
+    (out / "graph.json").write_text(json.dumps(g))
+
+
+def clocks(out: Path) -> None:
+    """Clock readings per sample, with the telemetry extra (nvidia-ml-py)."""
+    from bench_core.timing.telemetry import load_nvml
+
+    if load_nvml() is None:
+        check("NVML available (nvidia-ml-py)", False, "not installed: per-sample clocks cannot be read here")
+        return
+    x = torch.randn(4096, 4096, device="cuda")
+    m = measure(lambda: x @ x, scenario="mm", device="cuda", warmup=3, repeats=30)
+    c = (m.gpu_timing or {}).get("clocks")
+    check("SM clock read around every sample", c is not None and None not in c["sm_mhz"],
+          "none" if c is None else f"{min(c['sm_mhz'])}-{max(c['sm_mhz'])} MHz over {len(c['sm_mhz'])} samples, "
+          f"default {c['default_sm_mhz']} MHz, flagged {len(c['flagged'])}, locked {c['locked']}, steady {c['steady']}")
+    (out / "clocks.json").write_text(json.dumps(c))
+
+
+def kernel(out: Path) -> None:
+    """Kernel time from a trace beside event time: kernels fit inside the events that bound them."""
+    from bench_core.workflows.diagnose.profile import ProfileConfig, profile
+
+    x = torch.randn(2048, 2048, device="cuda")
+    step = lambda: (x @ x).relu()   # noqa: E731
+    m = measure(step, scenario="mm_relu", device="cuda", warmup=3, repeats=20)
+    res = profile("mm_relu", step, ProfileConfig(folder=out / "prof_kernel", device="cuda"))
+    k, ev = res.facts.kernel_us, m.summary.median * 1e3
+    check("kernel time observed and within event time", k is not None and 0 < k <= ev * 1.1,
+          f"kernel {k} us, event {ev:.1f} us, end-to-end {m.host_summary.median * 1e3:.1f} us per step")
+
+
 if __name__ == "__main__":
     if not torch.cuda.is_available():
         print("FAIL no CUDA device: these checks need a real GPU")
         sys.exit(1)
     which, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
-    {"timers": timers, "memory": memory, "state": state, "trace": trace}[which](out)
+    {"timers": timers, "memory": memory, "state": state, "trace": trace, "cache": cache, "graph": graph,
+     "clocks": clocks, "kernel": kernel}[which](out)
     sys.exit(len(FAILS))

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 MS = 1_000_000  # ns
 
@@ -58,6 +61,11 @@ class FakeGPU:
         self.event_resolution_ms = 0.0005
         self.current = 0                 # the current device
         self.pending_error = None        # a kernel's error, surfacing at the next synchronize
+        self.capturing = None            # the FakeGraph being captured, if any
+        self.graph_launch_ms = 0.01      # host time to launch a whole graph, however many kernels it holds
+        # L2: what is resident, least recently used first; reading bytes that are not resident costs HBM time
+        self.l2_bytes, self.l2_gb_s, self.hbm_gb_s = 50 * 2**20, 8000.0, 3000.0
+        self.l2: OrderedDict[int, int] = OrderedDict()
         gpu = self
 
         class Event:
@@ -87,6 +95,8 @@ class FakeGPU:
 
     # the torch.cuda surface the backend uses
     def synchronize(self, device=None):
+        if self.capturing is not None:   # as CUDA: a host sync is not permitted while a stream captures
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
         self.syncs += 1
         self.clock.now = max(self.clock.now, self.free_at)
         if self.pending_error is not None:   # asynchronous errors show up here, not at the launch
@@ -94,7 +104,32 @@ class FakeGPU:
             raise RuntimeError(err)
 
     def current_stream(self, device=None):
-        return ("stream", self.current if device is None else device)
+        return FakeStream(("stream", self.current if device is None else device))
+
+    def Stream(self, device=None):
+        return FakeStream(("side stream", self.current if device is None else device))
+
+    @contextmanager
+    def stream(self, s):
+        yield s     # one queue in this fake: a side stream's work runs in order with the rest
+
+    def CUDAGraph(self):
+        return FakeGraph(self)
+
+    @contextmanager
+    def graph(self, g, stream=None):
+        """Capture: launches are recorded into `g`, not run; a host sync inside raises (as CUDA's does)."""
+        self.capturing = g
+        try:
+            yield
+        finally:
+            self.capturing = None
+
+    def get_device_properties(self, device=None):
+        return SimpleNamespace(name="Fake GPU", L2_cache_size=self.l2_bytes)
+
+    def current_device(self):
+        return self.current
 
     def reset_peak_memory_stats(self, device=None):
         # as the caching allocator does: a peak is reset to what is allocated now, not to zero
@@ -107,6 +142,9 @@ class FakeGPU:
 
     # what a fake kernel does
     def launch(self, work_ms: float, launch_ms: float = 0.01, error: str | None = None) -> None:
+        if self.capturing is not None:   # captured: the kernel becomes a node of the graph, nothing runs
+            self.capturing.nodes.append(work_ms)
+            return
         self.clock.advance_ms(launch_ms)
         start = max(self.clock.now, self.free_at)
         self.free_at = start + int(round(work_ms * MS))
@@ -134,6 +172,64 @@ class FakeGPU:
         self.stats["allocated_bytes.all.current"] -= nbytes   # the cache keeps what it reserved
 
 
+    def read_ms(self, key: int, nbytes: int) -> float:
+        """GPU time to read (or write) `nbytes` of buffer `key`: the resident part at L2 speed, the rest at HBM
+        speed; the buffer is then resident (its last `l2_bytes` at most), evicting the least recently used."""
+        resident = self.l2.pop(key, 0)
+        ms = (resident / (self.l2_gb_s * 1e6)) + ((nbytes - resident) / (self.hbm_gb_s * 1e6))
+        self.l2[key] = min(nbytes, self.l2_bytes)
+        while sum(self.l2.values()) > self.l2_bytes:
+            oldest = next(iter(self.l2))
+            over = sum(self.l2.values()) - self.l2_bytes
+            if self.l2[oldest] > over:
+                self.l2[oldest] -= over
+            else:
+                del self.l2[oldest]
+        return ms
+
+    def buffer(self, nbytes: int) -> "FakeBuffer":
+        return FakeBuffer(self, nbytes)
+
+
+class FakeStream(tuple):
+    """A stream handle that compares as ("stream", device), with the one method capture needs."""
+
+    def wait_stream(self, other) -> None:
+        return None
+
+
+class FakeGraph:
+    """A captured graph: its kernels' GPU times; a replay launches them all for one launch's host cost."""
+
+    def __init__(self, gpu: "FakeGPU"):
+        self.gpu, self.nodes = gpu, []
+        self.replays = 0
+
+    def replay(self) -> None:
+        gpu = self.gpu
+        self.replays += 1
+        gpu.clock.advance_ms(gpu.graph_launch_ms)
+        start = max(gpu.clock.now, gpu.free_at)
+        gpu.free_at = start + int(round(sum(self.nodes) * MS))
+
+
+class FakeBuffer:
+    """A device buffer whose reads and writes go through the fake L2 (`FakeGPU.read_ms`)."""
+
+    _keys = iter(range(1, 1 << 30))
+
+    def __init__(self, gpu: "FakeGPU", nbytes: int):
+        self.gpu, self.nbytes, self.key = gpu, nbytes, next(self._keys)
+
+    def zero_(self) -> "FakeBuffer":
+        self.gpu.launch(self.gpu.read_ms(self.key, self.nbytes))
+        return self
+
+    def sum(self) -> int:
+        self.gpu.launch(self.gpu.read_ms(self.key, self.nbytes))
+        return 0
+
+
 def work(clock: FakeClock, *ms: float):
     """A callable whose i-th call takes ms[i] (the last value repeats)."""
     calls = {"n": 0}
@@ -159,9 +255,12 @@ class FakeNVML:
 
     def __init__(self):
         self.sm, self.mem, self.max_sm, self.temp, self.power_mw, self.reasons = 1980, 2619, 1980, 45, 300_000, 0
+        self.default_sm = 1755          # the default applications clock: what nvbench's 75% rule is a share of
+        self.calls = 0                  # NVML queries made, to check what a sample costs
         self.pids: list[int] = []
 
     def _get(self, v):
+        self.calls += 1
         if v is None:
             raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
         return v
@@ -174,6 +273,9 @@ class FakeNVML:
 
     def nvmlDeviceGetMaxClockInfo(self, h, kind):
         return self._get(self.max_sm)
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, h, kind):
+        return self._get(self.default_sm)
 
     def nvmlDeviceGetTemperature(self, h, kind):
         return self._get(self.temp)

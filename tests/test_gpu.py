@@ -70,3 +70,19 @@ def test_profiler_collects_cuda_activity(tmp_path):
     res = profile("mm", lambda: a @ a, ProfileConfig(folder=tmp_path, device="cuda"))
     assert res.facts.gpu_observed and res.facts.gpu_busy_us > 0
     json.loads(res.trace_path.read_text())
+
+
+def test_graph_mode_and_a_cold_cache_on_a_real_gpu():
+    x = torch.randn(256, device="cuda")
+
+    def small():
+        z = x
+        for _ in range(16):
+            z = z * 1.0001 + 0.0001
+        return z
+    m = measure(small, scenario="small", device="cuda", warmup=2, repeats=5, graph=True, cache="cold",
+                cache_check=True)
+    g = m.gpu_timing["graph"]
+    assert g["output"] == "equal to an eager call's" and len(g["eager_gpu_ms"]) == 5
+    assert m.gpu_timing["cache"]["flush_bytes"] >= 2 * 2**20 and "check" in m.gpu_timing["cache"]
+    assert m.scenario.metadata["cache"] == "cold" and m.scenario.metadata["cuda_graph"] is True

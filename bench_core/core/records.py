@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from bench_core.core.errors import InvalidRecord
-from bench_core.core.scenario import Scenario
+from bench_core.core.scenario import Scenario, _freeze
 from bench_core.core.stats import Summary, per_second, summarize
 
 MODES = ("per_call", "block")
@@ -105,9 +105,14 @@ class Measurement:
     # one profiler pass after the window, per operator: (self ms per step, calls per step), so that a later
     # verdict against this result can say where the time moved; None: not taken
     op_times: Mapping[str, tuple[float, int]] | None = None
+    # how a GPU result was taken (`timing.measuring._GpuModes`): "cache" (its state, the flush, the session's
+    # self-check), "graph" (replays per sample, the eager samples beside them, launch overhead) and "clocks" (the
+    # SM clock per sample, the samples taken throttled: set aside raw in "set_aside", or all decided on). None: none
+    gpu_timing: Mapping[str, Any] | None = None
 
     def __post_init__(self):
         name = self.scenario.name if isinstance(self.scenario, Scenario) else "?"
+        set_aside = self._check_gpu_timing(name)
         if self.ranks is not None:
             from bench_core.core.ranks import RankSamples, max_over_ranks
 
@@ -149,8 +154,9 @@ class Measurement:
         host = _check_ms(self.host_ms, "host_ms", name)
         if len(host) < 2:
             raise InvalidRecord(f"scenario {name!r}: a measurement needs at least 2 samples, got {len(host)}")
-        if len(host) != self.repeats:
-            raise InvalidRecord(f"scenario {name!r}: {len(host)} samples but repeats={self.repeats}")
+        if len(host) + set_aside != self.repeats:
+            aside = f" and {set_aside} set aside" if set_aside else ""
+            raise InvalidRecord(f"scenario {name!r}: {len(host)} samples{aside} but repeats={self.repeats}")
         object.__setattr__(self, "host_ms", host)
         if self.gpu_ms is not None:
             gpu = _check_ms(self.gpu_ms, "gpu_ms", name)
@@ -168,10 +174,33 @@ class Measurement:
             raise InvalidRecord(f"scenario {name!r}: warmup must be >= 0")
         object.__setattr__(self, "environment", MappingProxyType(dict(self.environment)))
 
+    def _check_gpu_timing(self, name: str) -> int:
+        """Validates `gpu_timing` (frozen); returns how many samples its clocks set aside."""
+        if self.gpu_timing is None:
+            return 0
+        if not isinstance(self.gpu_timing, Mapping) or not set(self.gpu_timing) <= {"cache", "graph", "clocks"}:
+            raise InvalidRecord(f"scenario {name!r}: gpu_timing must be an object of cache, graph and clocks")
+        clocks = self.gpu_timing.get("clocks") or {}
+        aside = clocks.get("set_aside", [])
+        if not isinstance(aside, (list, tuple)) or any(not isinstance(x, (list, tuple)) or len(x) != 2 for x in aside):
+            raise InvalidRecord(f"scenario {name!r}: gpu_timing.clocks.set_aside must list [host_ms, gpu_ms] pairs")
+        object.__setattr__(self, "gpu_timing", _freeze(dict(self.gpu_timing)))
+        return len(aside)
+
     # -- derived figures -------------------------------------------------------------------------
     @property
     def name(self) -> str:
         return self.scenario.name
+
+    @property
+    def throttle_mark(self) -> str | None:
+        """Why this result's decision rests on samples taken while the GPU was throttled (too few others to set
+        them aside), or None."""
+        c = (self.gpu_timing or {}).get("clocks")
+        if not c or c["decided_on"] != "all" or not c["flagged"]:
+            return None
+        return (f"{len(c['flagged'])} of {len(c['sm_mhz'])} samples taken while the GPU was throttled, too few others "
+                f"to set them aside")
 
     @property
     def timer(self) -> str:
@@ -213,8 +242,8 @@ class Measurement:
                 raise InvalidRecord(f"scenario {self.name!r}: only measurements of the same scenario can be pooled")
         host = self.host_ms + tuple(v for o in others for v in o.host_ms)
         gpu = None if self.gpu_ms is None else self.gpu_ms + tuple(v for o in others for v in o.gpu_ms)
-        # pooled samples are no longer any rank's steps
-        return replace(self, host_ms=host, gpu_ms=gpu, repeats=len(host), ranks=None)
+        # pooled samples are no longer any rank's steps, nor one measurement's with its samples set aside
+        return replace(self, host_ms=host, gpu_ms=gpu, repeats=len(host), ranks=None, gpu_timing=None)
 
 
 THROTTLED = ("thermal throttling", "power throttling")   # the flags timing.telemetry writes

@@ -49,7 +49,10 @@ class Scenario:
     this scenario (None: the gate's default). `no_growth` names the work-signature counters (of
     `core.signature.COUNTERS`: syncs, copies, graph breaks, ...) that must not grow against the
     baseline or revision: the scenario's signature is then counted, and growth fails its item, as
-    `--bench-no-growth` does for every scenario.
+    `--bench-no-growth` does for every scenario. On a GPU, `cache` says whether each sample starts with the
+    L2 flushed ("cold") or warm from the one before ("hot"; None: not stated), and `graph` times the step
+    captured as a CUDA graph beside it eagerly (`--bench-cache` and `--bench-graph` beat both); the result
+    records each in its metadata. On the CPU they are not applied, and the metadata says so.
     """
 
     name: str
@@ -58,6 +61,8 @@ class Scenario:
     noise_threshold: float | None = None
     description: str = ""
     no_growth: tuple[str, ...] = ()
+    cache: str | None = None
+    graph: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
@@ -89,6 +94,10 @@ class Scenario:
         if unknown:
             raise InvalidRecord(f"scenario {self.name!r}: unknown counter(s) {unknown} in no_growth; use counters "
                                 f"from {COUNTERS}")
+        if self.cache not in (None, "cold", "hot"):
+            raise InvalidRecord(f"scenario {self.name!r}: cache must be 'cold', 'hot' or None, got {self.cache!r}")
+        if not isinstance(self.graph, bool):
+            raise InvalidRecord(f"scenario {self.name!r}: graph must be True or False, got {self.graph!r}")
         object.__setattr__(self, "window", window)
         object.__setattr__(self, "metadata", _freeze(dict(self.metadata)))
         object.__setattr__(self, "no_growth", counters)

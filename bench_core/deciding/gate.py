@@ -283,7 +283,7 @@ def estimate(
         common["achieved_flops"] = (float(np.median(rates[0])), float(np.median(rates[1])))
     # A throttled GPU looks exactly like slower code: the comparison says so beside its verdict
     hot = [f"{side} run {i}: {flag}" for side, runs in (("baseline", baseline), ("current", candidate))
-           for i, m in enumerate(runs) for flag in throttled(m.telemetry)]
+           for i, m in enumerate(runs) for flag in [*throttled(m.telemetry), *[m.throttle_mark] * bool(m.throttle_mark)]]
     if hot:
         common["notes"] = common.get("notes", ()) + (
             f"the GPU was throttled during a timed window ({'; '.join(hot)}): a change may be the GPU's, not the code's",)

@@ -111,7 +111,8 @@ def write_new(path: Path, data: bytes) -> Path:
 def scenario_doc(s: Scenario) -> dict:
     return {"name": s.name, "window": list(s.window), "metadata": thaw(s.metadata),
             "noise_threshold": s.noise_threshold, "description": s.description,
-            **({"no_growth": list(s.no_growth)} if s.no_growth else {})}
+            **({"no_growth": list(s.no_growth)} if s.no_growth else {}),
+            **({"cache": s.cache} if s.cache else {}), **({"graph": True} if s.graph else {})}
 
 
 def scenario_from_doc(d: Mapping[str, Any]) -> Scenario:
@@ -122,7 +123,7 @@ def scenario_from_doc(d: Mapping[str, Any]) -> Scenario:
         raise InvalidRecord(f"scenario.no_growth must be a list of counter names, got {no_growth!r}")
     return Scenario(name=d["name"], window=tuple(d["window"]), metadata=d.get("metadata") or {},
                     noise_threshold=d.get("noise_threshold"), description=d.get("description", ""),
-                    no_growth=tuple(no_growth))
+                    no_growth=tuple(no_growth), cache=d.get("cache"), graph=d.get("graph", False))
 
 
 def measurement_doc(m: Measurement, with_environment: bool = False) -> dict:
@@ -153,6 +154,8 @@ def measurement_doc(m: Measurement, with_environment: bool = False) -> dict:
         d["signature"] = m.signature.to_dict()
     if m.op_times is not None:
         d["op_times"] = {op: [ms, n] for op, (ms, n) in m.op_times.items()}
+    if m.gpu_timing is not None:
+        d["gpu_timing"] = thaw(m.gpu_timing)
     if with_environment:
         d["environment"] = thaw(m.environment)
     return d
@@ -181,6 +184,7 @@ def measurement_from_doc(d: Mapping[str, Any], environment: Mapping[str, Any] | 
         ranks=None if d.get("ranks") is None else _ranks_from_doc(d["ranks"]),
         signature=None if d.get("signature") is None else _signature_from_doc(d["signature"]),
         op_times=d.get("op_times"),
+        gpu_timing=d.get("gpu_timing"),
     )
 
 

@@ -43,10 +43,12 @@ def summary_sections(session) -> list[tuple[str, str]]:
     if s.decisions:
         out.append(("bench_core A/B decisions (interleaved, paired)", decisions_table(s.decisions, wide=wide) + (
             "" if s.results or s.errors else below(uncounted, wide))))
+    measured = {m.name: m for m in s.results}
     for p in s.profiles:
         where = f"trace: {p.trace_path}" if p.trace_path else "trace: not written"
         out.append((f"bench_core diagnose: {p.scenario} (profiled separately; not in any result)",
-                    f"{p.table}\n{hypotheses_table(p.hypotheses, p.facts)}\n{where} ({p.redaction})"))
+                    f"{p.table}\n{hypotheses_table(p.hypotheses, p.facts, measured=measured.get(p.scenario))}\n"
+                    f"{where} ({p.redaction})"))
     if s.compared_with is not None:
         text = comparison_table(s.comparisons, s.config.gate.alpha, wide=wide) + below(comparison_lines(s), wide)
         out.append((f"bench_core comparison with {s.compared_with}", text))

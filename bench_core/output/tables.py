@@ -157,11 +157,55 @@ def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, st
     out += below([f"{m.name} (!): {shape}" for m, shape in zip(results, shapes) if shape], wide)
     out += below([f"{m.name}: the GPU during its window: {'; '.join(m.telemetry['flags'])}"
                   for m in results if m.telemetry is not None and m.telemetry["flags"]], wide)
+    out += below(gpu_timing_lines(results), wide)
     out += below([f"{m.name}: its cold start {_ms(m.cold_start.first_call_ms)} held torch.compile's tracing "
                   f"{_ms(m.cold_start.tracing_ms)} and compilation {_ms(m.cold_start.compiling_ms)} (end-to-end)"
                   for m in results if m.cold_start.tracing_ms is not None], wide)
     if errors:
         out += "\n\nfailed scenarios:" + below([f"  {n}: {p}" for n, p in errors], wide)
+    return out
+
+
+def gpu_timing_lines(results: Sequence[Measurement]) -> list[str]:
+    """How GPU results were taken, where it was more than plain: the cache state (and the flush's self-check), the
+    CUDA graph with launch overhead, the samples set aside as throttled; and whether clocks were locked."""
+    out, seen = [], []
+    for m in results:
+        g = m.gpu_timing or {}
+        if g.get("cache"):
+            c = g["cache"]
+            text = (f"{m.name}: cache cold: L2 flushed before every sample ({_bytes(c['flush_bytes'])} written outside "
+                    f"the window)" if c["state"] == "cold" else
+                    f"{m.name}: cache hot: samples back to back, each finding what the one before left in L2")
+            check = c.get("check")
+            if check:
+                text += (f"; self-check on an L2-sized probe: {check['cold_ms'] * 1e3:.1f} us cold, "
+                         f"{check['hot_ms'] * 1e3:.1f} us hot" + ("" if check["colder"] else
+                                                                  " - NOT colder: the flush did not leave the cache "
+                                                                  "cold on this device or driver; 'cold' may be warm"))
+            out.append(text)
+        if g.get("graph"):
+            gr = g["graph"]
+            out.append(f"{m.name}: CUDA graph, {gr['replays_per_sample']} replays per sample: GPU time per step "
+                       f"{_ms(gr['graph_gpu_median_ms'])} replayed, {_ms(gr['eager_gpu_median_ms'])} eager; launch "
+                       f"overhead {_ms(gr['launch_overhead_ms'])} per step (eager minus graph); replay {gr['output']}")
+        clocks = g.get("clocks")
+        if clocks:
+            seen += [x for x in clocks["sm_mhz"] if x]
+            flagged, n = clocks["flagged"], len(clocks["sm_mhz"])
+            why = "; ".join(sorted(set(flagged.values())))
+            if flagged and clocks["decided_on"] == "unthrottled":
+                out.append(f"{m.name}: {len(flagged)} of {n} samples taken while the GPU was throttled ({why}): set "
+                           f"aside, decided on the other {n - len(flagged)}")
+            elif flagged:
+                out.append(f"{m.name} (marked): {m.throttle_mark} ({why}); decided on all {n}")
+    if seen:
+        locked = all((m.gpu_timing or {}).get("clocks", {}).get("locked") for m in results
+                     if (m.gpu_timing or {}).get("clocks"))
+        spread = f"{min(seen)} MHz" if min(seen) == max(seen) else f"{min(seen)}-{max(seen)} MHz"
+        out.append(f"GPU SM clock over every sample: {spread}; " + (
+            "locked (NVML: applications clocks setting)" if locked else
+            "not locked (bench_core never changes clocks: sudo nvidia-smi --lock-gpu-clocks=<MHz> locks them)"))
     return out
 
 
@@ -427,10 +471,19 @@ def ranks_table(results: Sequence[Measurement], wide: bool = False) -> str:
         wide)
 
 
-def hypotheses_table(rows: Sequence, f, fmt: str = "simple") -> str:
-    """A diagnose pass's hypotheses (observation, hypothesis, next check) under what its trace measured (`f`)."""
+def hypotheses_table(rows: Sequence, f, fmt: str = "simple", measured: Measurement | None = None) -> str:
+    """A diagnose pass's hypotheses (observation, hypothesis, next check) under what its trace measured (`f`);
+    with the scenario's result (`measured`), the three step times side by side, each named, never mixed."""
     head = (f"{f.steps} profiled steps; step {f.step_us:.0f} us" if f.step_us else f"{f.steps} profiled steps")
     head += "; GPU busy " + (f"{f.gpu_busy_us:.0f} us/step" if f.gpu_busy_us is not None else "not observed")
+    if f.kernel_us is not None or (measured is not None and measured.gpu_ms is not None):
+        event = "not observed" if measured is None or measured.gpu_ms is None else \
+            f"{measured.gpu_summary.median * 1e3:.0f} us (CUDA events around the step, the result's median)"
+        e2e = "not observed" if measured is None else \
+            f"{measured.host_summary.median * 1e3:.0f} us (host clock after synchronizing, the result's median)"
+        kernel = "not observed" if f.kernel_us is None else \
+            f"{f.kernel_us:.0f} us (the sum of its kernels' durations in this trace, profiled)"
+        head += f"\nstep time, three figures: kernel time {kernel}; event time {event}; end-to-end {e2e}"
     if f.comm_us is not None:
         head += f"; collectives {f.comm_us:.0f} us/step, {f.comm_overlap_us or 0.0:.0f} us of it beside computation"
     if f.stage_us:

@@ -67,6 +67,7 @@ NPROC, NNODES, NODE_RANK, RDZV = "--bench-nproc", "--bench-nnodes", "--bench-nod
 PB_JSON, REF_SAVE, REFS, REPLICA = "--bench-pb-json", "--bench-ref-save", "--bench-references", "--bench-replica"
 AGAINST_PROCESSES, AGAINST_PYTHON, SERVE = "--bench-against-processes", "--bench-against-python", "--bench-serve"
 AGAINST_MALLOC = "--bench-against-malloc"
+CACHE, GRAPH = "--bench-cache", "--bench-graph"
 PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK = ("--bench-profile", "--bench-profile-shapes",
                                                           "--bench-profile-memory", "--bench-profile-stack")
 PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE = ("--bench-profile-flops", "--bench-profile-tensorboard",
@@ -170,7 +171,7 @@ def _options() -> tuple[Option, ...]:
         Option(PROFILE_TB, "diagnose: also write for the TensorBoard profiler plugin"),
         Option(PROFILE_REFUSE, "diagnose: refuse to write a trace holding sensitive strings, instead of redacting "
                                "them"),
-    ) + _against_options() + _signature_options() + _history_options()
+    ) + _against_options() + _signature_options() + _history_options() + _gpu_options()
 
 
 def _signature_options() -> tuple[Option, ...]:
@@ -193,6 +194,18 @@ def _history_options() -> tuple[Option, ...]:
     return (Option(HISTORY, "the history store every run is added to (SQLite; 'none': none); --bench-quick runs are "
                             "not added (their sizes are not the scenario's); `bench-core history` reads it", str,
                    ".bench/history.sqlite", metavar="PATH", cli="--history"),)
+
+
+def _gpu_options() -> tuple[Option, ...]:
+    return (
+        Option(CACHE, "with --gpu: every sample starts with the L2 flushed ('cold': a buffer twice the L2 written "
+                      "outside the window; the session's first cold scenario checks that a flush leaves it cold) or "
+                      "warm from the sample before ('hot'); beats a scenario's own cache", str,
+               choices=("cold", "hot")),
+        Option(GRAPH, "with --gpu: time each step captured as a CUDA graph (10 replays per sample) beside the same "
+                      "10 calls eagerly, and report launch overhead per step (eager minus graph GPU time); a step "
+                      "that cannot be captured is refused, naming why"),
+    )
 
 
 OPTIONS = _options()
@@ -328,7 +341,14 @@ def session_config(value: Values, root: Path, device: str):
         signature=value(SIGNATURE) or bool(value(NO_GROWTH)) or value(INSTRUCTIONS),
         instructions=value(INSTRUCTIONS), no_growth=no_growth(value(NO_GROWTH)),
         topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None,
-        serve=serve_fds(value))
+        serve=serve_fds(value), cache=value(CACHE), graph=bool(value(GRAPH)))
+    if cfg.cache or cfg.graph:
+        mode = CACHE if cfg.cache else GRAPH
+        if device == "cpu":
+            raise ValueError(f"{mode} is a GPU timing mode (the L2, CUDA graphs): add --gpu")
+        if cfg.against is not None:
+            raise ValueError(f"{mode} is taken by plain runs and the stored-baseline gate ({COMPARE}); side by side "
+                             f"({AGAINST}) does not apply it")
     for flag, folder in ((OUT, cfg.results_dir), (BASELINES, cfg.baselines_dir), (PLOTS, cfg.plots),
                          (REFS, cfg.references_dir)):
         if folder is not None and folder.exists() and not folder.is_dir():   # found now, not after the measuring

@@ -23,6 +23,12 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     every other instance comes from calling the test function again (this tree's, and the revision's), in this
     process where both sides can share it faithfully, else each side in a pytest process of its own."""
     loaded, name, a = session.revision, scenario.name, session.config.against
+    cache, graph = session.gpu_modes(scenario)
+    if session.config.device != "cpu" and (cache or graph):
+        modes = ", ".join([f"cache {cache}"] * bool(cache) + ["CUDA graph"] * graph)
+        raise ScenarioError(name, f"its GPU timing modes ({modes}) are taken by plain runs and the stored-baseline "
+                                  f"gate; side by side ({opt.AGAINST}) does not apply them, so it is not compared: "
+                                  f"gate it against a stored baseline ({opt.COMPARE})")
     value_of = fixture_values(request)
 
     def rebuild(_round):
@@ -255,4 +261,6 @@ def replica_command(session, nodeid: str, root: Path, inipath, out: Path, warmup
             f"{opt.THREADS}={'auto' if c.threads is None else c.threads}", f"{opt.TIMEOUT}={c.timeout_s or 0}"]
     argv += ["-c", str(inipath)] if inipath else []
     argv += [opt.GPU] if c.device == "cuda" else []
+    argv += [f"{opt.CACHE}={c.cache}"] if c.cache else []    # a fresh process asks the same question
+    argv += [opt.GRAPH] if c.graph else []
     return argv + ([opt.QUICK] if c.quick else [])

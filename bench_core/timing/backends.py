@@ -20,6 +20,11 @@ class Backend(Protocol):
     def memory_begin(self) -> None: ...
     def memory_end(self) -> Memory: ...
     def gpu_state(self) -> Any | None: ...
+    def clock_reading(self) -> Any | None: ...
+    def default_sm_mhz(self) -> int | None: ...
+    def cache_bytes(self) -> int | None: ...
+    def buffer(self, nbytes: int) -> Any: ...
+    def capture(self, fn: Any) -> tuple[Any, Any]: ...
 
 
 class CpuBackend:
@@ -48,13 +53,29 @@ class CpuBackend:
     def gpu_state(self) -> None:
         return None
 
+    def clock_reading(self) -> None:
+        return None
+
+    def default_sm_mhz(self) -> None:
+        return None
+
+    def cache_bytes(self) -> None:
+        return None   # not flushed here: the cache modes are the GPU's L2 (timing.cache)
+
+    def buffer(self, nbytes: int):  # pragma: no cover - the cache modes refuse the CPU before asking
+        raise RuntimeError("the CPU backend keeps no flush buffer")
+
+    def capture(self, fn):  # pragma: no cover - graph mode refuses the CPU before asking
+        raise RuntimeError("CUDA graphs need a CUDA device")
+
 
 class CudaBackend:
     """CUDA timing through events on the current stream, memory from the caching allocator's statistics."""
 
     kind = "cuda"
 
-    def __init__(self, cuda: Any = None, device: int | None = None, telemetry: Any = None):
+    def __init__(self, cuda: Any = None, device: int | None = None, telemetry: Any = None,
+                 alloc: Any = None):
         if cuda is None:
             import torch
 
@@ -62,11 +83,50 @@ class CudaBackend:
         self.cuda = cuda
         self.device = device
         self.telemetry = telemetry      # a telemetry.Telemetry for this device, or None: not observed
+        self._alloc = alloc             # nbytes -> a device buffer (zero_, sum); None: a torch tensor on the device
         self._start_stats: dict = {}
 
     def gpu_state(self):
         """The device's clocks, throttle reasons, temperature and power now (NVML), or None."""
         return None if self.telemetry is None else self.telemetry.state()
+
+    def clock_reading(self):
+        """The SM clock and its reasons now, read around each sample (NVML), or None."""
+        return None if self.telemetry is None else self.telemetry.clocks()
+
+    def default_sm_mhz(self) -> int | None:
+        return None if self.telemetry is None else self.telemetry.default_sm_mhz()
+
+    def _index(self) -> int:
+        return self.cuda.current_device() if self.device is None else self.device
+
+    def cache_bytes(self) -> int | None:
+        """The device's L2 in bytes (what a cold sample must find flushed), or None where torch does not say."""
+        size = getattr(self.cuda.get_device_properties(self._index()), "L2_cache_size", None)
+        return int(size) if size else None
+
+    def buffer(self, nbytes: int):
+        if self._alloc is not None:
+            return self._alloc(nbytes)
+        import torch
+
+        return torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self._index()}")
+
+    def capture(self, fn):
+        """`fn` captured once as a CUDA graph: warmed up on a side stream first (as torch requires, so that lazy
+        initialisation is not captured), then captured. Returns (replay, the captured call's output, whose
+        tensors each replay rewrites). Whatever capture raises (a host sync inside the step) comes back raised."""
+        cuda = self.cuda
+        side = cuda.Stream()
+        side.wait_stream(cuda.current_stream())
+        with cuda.stream(side):
+            for _ in range(3):
+                fn()
+        cuda.current_stream().wait_stream(side)
+        graph = cuda.CUDAGraph()
+        with cuda.graph(graph):
+            out = fn()
+        return graph.replay, out
 
     def synchronize(self) -> None:
         self.cuda.synchronize(self.device)

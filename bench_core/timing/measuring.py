@@ -1,6 +1,7 @@
 """`measure`: one scenario's cold start, warmup and timed samples, taken with the one sample loop."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable, Mapping
 
 from bench_core.timing.backends import Backend, backend_for
@@ -30,6 +31,9 @@ def measure(
     clock: Clock | None = None,
     backend: Backend | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    cache: str | None = None,
+    graph: bool = False,
+    cache_check: bool = False,
 ) -> Measurement:
     """Time a zero-argument callable and return its raw samples as a `Measurement`.
 
@@ -39,6 +43,10 @@ def measure(
     In block mode each sample times `block_size` back-to-back calls with one synchronization at the
     end, so overlap between consecutive steps is kept; the per-call figure is the block divided by k.
     `progress(what, done, total)` is called between calls and samples, never inside a timed window.
+    GPU modes (CUDA only; `timing.cache`, `timing.graphs`): `cache` "cold" flushes L2 before every sample, "hot"
+    takes them back to back, and `cache_check` first checks that a flush leaves the cache cold here; `graph`
+    times the step captured as a CUDA graph, k replays per sample, beside the same k calls eagerly. Where NVML
+    reads the SM clock around each sample, samples taken throttled are set aside (`telemetry.per_sample`).
     """
     scenario = _scenario_of(fn, scenario)
     block_size = _check(scenario.name, fn, setup, load, warmup, repeats, mode, block_size, items)
@@ -48,14 +56,20 @@ def measure(
         raise ScenarioError(scenario.name, f"backend {backend.kind!r} does not match device {device!r}")
     if device != kind:
         scenario = scenario.with_metadata(device=device)
-    sampler = Sampler(scenario.name, backend, clock)
+    modes = _GpuModes(backend, scenario.name, cache, graph, setup, clock, cache_check)
+    scenario = modes.scenario(scenario)
+    sampler = Sampler(scenario.name, backend, clock, before_sample=modes.flush)
     used_threads = set_threads(threads)
 
     load_ms = sampler.elapsed_ms(load, "load") if load is not None else None
     window = _Window(backend)
-    taken = series(sampler, fn, warmup=warmup, repeats=repeats, setup=setup, block_size=block_size,
-                   window=lambda: window, progress=progress)
-    cold, samples = taken.cold, taken.samples
+    k = modes.replays(mode, block_size)
+    taken = series(sampler, fn, warmup=warmup, repeats=repeats, setup=setup, block_size=k or block_size,
+                   window=nullcontext if graph else lambda: window, progress=progress)
+    if graph:
+        taken = modes.graph_series(sampler, fn, taken, k, repeats, window=lambda: window, progress=progress)
+        mode, block_size = "block", k
+    cold, samples, gpu_timing = modes.decided_on(taken)
 
     try:
         return Measurement(
@@ -66,6 +80,7 @@ def measure(
             warmup=warmup,
             repeats=repeats,
             host_ms=tuple(x.host_ms for x in samples),
+            gpu_timing=gpu_timing,
             gpu_ms=tuple(x.gpu_ms for x in samples) if backend.kind == "cuda" else None,
             cold_start=ColdStart(cold.host_ms, cold.gpu_ms, load_ms, *taken.cold_compile),
             items=items,
@@ -76,6 +91,66 @@ def measure(
         )
     except InvalidRecord as exc:
         raise ScenarioError(scenario.name, str(exc)) from exc
+
+
+class _GpuModes:
+    """The GPU modes of one measurement: the cache state and its flush, graph capture, clocks per sample."""
+
+    def __init__(self, backend: Backend, name: str, cache: str | None, graph: bool, setup, clock, check: bool):
+        from bench_core.timing import cache as caching
+
+        self.backend, self.name, self.cache, self.graph, self.clock = backend, name, cache, graph, clock
+        self.record: dict[str, Any] = {}
+        caching.check_state(cache, name)
+        if graph:
+            from bench_core.timing.graphs import refuse
+
+            refuse(backend, name, setup)
+        self.flush = caching.Flush(backend, name) if cache == "cold" else None
+        if cache is not None:
+            self.record["cache"] = {"state": cache, "flush_bytes": None if self.flush is None else self.flush.nbytes}
+        if check and self.flush is not None:
+            found = caching.self_check(backend, clock)
+            self.record["cache"]["check"] = found.to_dict()
+
+    def scenario(self, scenario: Scenario) -> Scenario:
+        """The modes are part of the question: two results compare only when they were taken the same way."""
+        extra = {**({"cache": self.cache} if self.cache else {}), **({"cuda_graph": True} if self.graph else {})}
+        return scenario.with_metadata(**extra) if extra else scenario
+
+    def replays(self, mode: str, block_size: int) -> int | None:
+        """Graph mode's calls per sample (the block's, else GRAPH_REPLAYS), for the eager samples and the replays."""
+        if not self.graph:
+            return None
+        from bench_core.timing.graphs import GRAPH_REPLAYS
+
+        return block_size if mode == "block" else GRAPH_REPLAYS
+
+    def graph_series(self, sampler: Sampler, fn, eager, k: int, repeats: int, **kw):
+        """After the eager samples: capture, check the replay, and take the replayed samples (the result's)."""
+        from dataclasses import replace
+
+        from bench_core.timing import graphs
+
+        got = graphs.capture(self.backend, self.name, fn)
+        replayed = series(sampler, got.replay, warmup=1, repeats=repeats, block_size=k, **kw)
+        self.record["graph"] = graphs.record(eager, replayed, k, got.output)
+        return replace(replayed, cold=eager.cold, cold_compile=eager.cold_compile)
+
+    def decided_on(self, taken):
+        """(cold start, the samples decisions use, the result's gpu_timing record): samples taken while the GPU
+        was throttled are set aside, raw, where enough others remain."""
+        from bench_core.timing.telemetry import per_sample
+
+        samples = list(taken.samples)
+        readings = [x.clocks for x in samples]
+        found = per_sample(readings, self.backend.default_sm_mhz()) if any(r is not None for r in readings) else None
+        if found is not None:
+            kept, clocks = found
+            clocks["set_aside"] = [[x.host_ms, x.gpu_ms] for i, x in enumerate(samples) if i not in set(kept)]
+            self.record["clocks"] = clocks
+            samples = [samples[i] for i in kept]
+        return taken.cold, samples, self.record or None
 
 
 class _Window:

@@ -26,6 +26,7 @@ class Sample:
 
     host_ms: float
     gpu_ms: float | None = None
+    clocks: tuple[Any, Any] | None = None   # the GPU's clock readings just before and after (None: not observed)
 
     @property
     def primary_ms(self) -> float:
@@ -154,6 +155,7 @@ class Sampler:
         backend, clock = self.backend, self.clock
         start_ev, end_ev = self._event_pair()
         backend.synchronize()  # earlier work must not leak into this window
+        before = backend.clock_reading()    # outside the window: the device is idle, no event recorded yet
         backend.record(start_ev)
         t0 = clock()
         for _ in range(calls):
@@ -161,12 +163,13 @@ class Sampler:
         backend.record(end_ev)
         backend.synchronize()
         t1 = clock()
+        after = backend.clock_reading()
         gpu = backend.elapsed_ms(start_ev, end_ev) / calls if start_ev is not None else None
         bad = non_finite(out)  # after the window: a step that computes NaN must not pass as fast
         if bad is not None:
             raise ScenarioError(self.scenario, f"{what} returned a non-finite value ({bad}): the step is broken, "
                                                f"so its timing means nothing")
-        return Sample((t1 - t0) / 1e6 / calls, gpu)
+        return Sample((t1 - t0) / 1e6 / calls, gpu, None if before is None or after is None else (before, after))
 
 
 def non_finite(value: Any, where: str = "result") -> str | None:

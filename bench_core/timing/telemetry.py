@@ -19,6 +19,8 @@ REASONS = {
 THERMAL = {"sw_thermal_slowdown", "hw_thermal_slowdown"}
 POWER = {"sw_power_cap", "hw_power_brake_slowdown", "hw_slowdown"}
 CLOCK_DRIFT = 0.02   # SM clocks that move more than this across a window are not locked
+THROTTLE_SHARE = 0.75   # a sample whose SM clock fell below this share of the default clock was throttled (nvbench's)
+LOCKED = "applications_clocks_setting"   # the reason bit NVML sets while clocks are held at a set value
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,15 @@ class GpuState:
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "reasons": None if self.reasons is None else list(self.reasons)}
+
+
+@dataclass(frozen=True)
+class ClockReading:
+    """The two figures read around every sample (two NVML queries, outside the window): the SM clock and why
+    clocks are held down."""
+
+    sm_mhz: int | None = None
+    reasons: tuple[str, ...] | None = None
 
 
 def load_nvml() -> Any | None:
@@ -57,11 +68,22 @@ class Telemetry:
         except Exception:   # a field this GPU or driver does not report: not observed
             return None
 
-    def state(self) -> GpuState:
-        n = self.nvml
+    def _reasons(self) -> tuple[str, ...] | None:
         mask = self._read("nvmlDeviceGetCurrentClocksEventReasons")
         if mask is None:
             mask = self._read("nvmlDeviceGetCurrentClocksThrottleReasons")   # older name of the same query
+        return None if mask is None else tuple(name for bit, name in REASONS.items() if mask & bit)
+
+    def clocks(self) -> ClockReading:
+        return ClockReading(self._read("nvmlDeviceGetClockInfo", self.nvml.NVML_CLOCK_SM), self._reasons())
+
+    def default_sm_mhz(self) -> int | None:
+        """The SM clock the device runs at by default (its default applications clock), else its maximum."""
+        return (self._read("nvmlDeviceGetDefaultApplicationsClock", self.nvml.NVML_CLOCK_SM)
+                or self._read("nvmlDeviceGetMaxClockInfo", self.nvml.NVML_CLOCK_SM))
+
+    def state(self) -> GpuState:
+        n = self.nvml
         procs = self._read("nvmlDeviceGetComputeRunningProcesses")
         power = self._read("nvmlDeviceGetPowerUsage")
         return GpuState(
@@ -70,7 +92,7 @@ class Telemetry:
             max_sm_clock_mhz=self._read("nvmlDeviceGetMaxClockInfo", n.NVML_CLOCK_SM),
             temperature_c=self._read("nvmlDeviceGetTemperature", n.NVML_TEMPERATURE_GPU),
             power_w=None if power is None else power / 1000.0,
-            reasons=None if mask is None else tuple(name for bit, name in REASONS.items() if mask & bit),
+            reasons=self._reasons(),
             other_processes=None if procs is None else sum(1 for p in procs if p.pid != self.own_pid),
         )
 
@@ -96,3 +118,41 @@ def flags(before: GpuState, after: GpuState) -> list[str]:
     if others:
         out.append(f"{others} other process(es) on the GPU")
     return out
+
+
+def throttled(before: ClockReading, after: ClockReading, default_mhz: int | None,
+              share: float = THROTTLE_SHARE) -> str | None:
+    """Why one sample was taken throttled, in words (thermal or power reasons at either edge, or an SM clock below
+    `share` of the default), or None."""
+    seen = (set(before.reasons or ()) | set(after.reasons or ())) & (THERMAL | POWER)
+    if seen:
+        return f"throttled ({', '.join(sorted(seen))})"
+    clocks = [r.sm_mhz for r in (before, after) if r.sm_mhz is not None]
+    if default_mhz and clocks and min(clocks) < share * default_mhz:
+        return f"SM clock {min(clocks)} MHz, below {share:.0%} of the default {default_mhz} MHz"
+    return None
+
+
+def per_sample(readings, default_mhz: int | None, share: float = THROTTLE_SHARE,
+               min_kept: int = 2) -> tuple[list[int], dict] | None:
+    """Which samples to decide on, from each sample's (before, after) clock readings: the unthrottled ones where at
+    least `min_kept` and half of them remain, else all (the record then says the scenario is marked). Returns (kept
+    indices, the record a result carries), or None where no sample was read (not observed)."""
+    if not readings or any(r is None for r in readings):
+        return None
+    flagged = {i: why for i, (b, a) in enumerate(readings)
+               if (why := throttled(b, a, default_mhz, share)) is not None}
+    n = len(readings)
+    enough = n - len(flagged) >= max(min_kept, (n + 1) // 2)
+    kept = [i for i in range(n) if i not in flagged] if enough else list(range(n))
+    sm = [a.sm_mhz for _, a in readings]
+    seen = [x for x in sm if x is not None]
+    reasons = [set(b.reasons or ()) | set(a.reasons or ()) for b, a in readings]
+    return kept, {
+        "default_sm_mhz": default_mhz, "share": share, "sm_mhz": sm,
+        "flagged": {str(i): why for i, why in flagged.items()},
+        "decided_on": "unthrottled" if enough else "all",
+        # locked: NVML says clocks are held at a set value in every reading; steady: they did not move
+        "locked": all(LOCKED in r for r in reasons) if all(b.reasons is not None for b, _ in readings) else None,
+        "steady": bool(seen) and (max(seen) - min(seen)) <= CLOCK_DRIFT * max(seen),
+    }

@@ -39,6 +39,8 @@ class TraceFacts:
     notes: tuple[str, ...] = ()
     comm_us: float | None = None         # per step, collectives in flight (gloo's threads, NCCL kernels); None: none seen
     comm_overlap_us: float | None = None  # per step, the part of comm_us with computation running beside it
+    kernel_us: float | None = None       # per step, the sum of the device's kernel durations (not their union, no
+                                         # gaps, no copies): kernel time, beside event time and end-to-end time
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "stage_us": dict(self.stage_us), "notes": list(self.notes)}
@@ -171,8 +173,9 @@ def facts(events: Iterable[Mapping]) -> TraceFacts:
     if not gpu:
         notes.append("GPU activity not observed in this trace")
     comm, overlap = comm_facts(ev, len(steps))
+    kernels = [e["dur"] for e in ev if e.get("cat") == "kernel"]
     return TraceFacts(
-        comm_us=comm, comm_overlap_us=overlap,
+        comm_us=comm, comm_overlap_us=overlap, kernel_us=sum(kernels) / n if kernels else None,
         steps=len(steps),
         step_us=(sum(e["dur"] for e in steps) / len(steps)) if steps else None,
         gpu_observed=bool(gpu),
