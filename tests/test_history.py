@@ -112,13 +112,50 @@ def test_change_points_find_a_step_and_none_in_noise():
         change_points([0.0, float("nan")] * 4)
 
 
+def test_where_a_change_began_is_a_range_of_runs_that_holds_the_true_one_and_bisect_decides_it(tmp_path, capsys):
+    """A 10% step's run cannot always be placed exactly: each change point carries the runs its new level may begin
+    at (95%). Seeded histories of 30 runs: at a 2.5% run-to-run spread the range holds the true run in at least 25
+    of 30 (93% over 150 histories), mostly two runs wide; at this VM's 5.2% it is wider and the step is missed more
+    often (docs/history.md has the rates). The history names the range's commits and the bisection that decides
+    them."""
+    from bench_core.shells.cli import main
+    from bench_core.workflows.history import changes_in
+
+    rng = np.random.default_rng(11)
+    medians = []
+    for spread, least in ((0.025, 25), (0.052, 22)):
+        held, widths = 0, []
+        for i in range(30):
+            x = rng.normal(0, spread, 30)
+            x[18:] += math.log(1.10)
+            cps = change_points(x, seed=i)
+            held += any(c.first_low <= 18 <= c.first_high for c in cps)
+            widths += [c.first_high - c.first_low + 1 for c in cps]
+            assert all(c.first_low <= c.index <= c.first_high for c in cps)
+        assert held >= least
+        medians.append(np.median(widths))
+    assert medians[0] <= 3 and medians[1] >= 4     # the noisier the runs, the wider the range: never a false point
+    levels = list(np.exp(np.random.default_rng(3).normal(0, 0.05, 24) + np.r_[np.zeros(14), np.full(10, 0.2)]))
+    path = _history(tmp_path, levels)
+    with History(path) as h:
+        (change,) = changes_in(h.series("step"))
+    p = change.point
+    assert change.last_before.commit.startswith(f"c{p.first_low - 1:02d}")
+    assert change.first_after.commit.startswith(f"c{p.first_high:02d}")
+    assert main(["history", "show", "step", "--history", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"commits {change.commits}" in out
+    if p.first_low != p.first_high:
+        assert f"bench-core bisect {change.last_before.commit[:12]} {change.first_after.commit[:12]} -k step" in out
+
+
 def test_the_cli_shows_a_scenarios_history_with_its_change_point_and_commits(tmp_path, capsys):
     from bench_core.shells.cli import main
 
     path = _history(tmp_path, [1.0] * 10 + [1.25] * 10)
     assert main(["history", "show", "step", "--history", str(path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "change point at run 11 (c09000000000..c10000000000): 1.2" in out
+    assert "change point at run 11, commits c09000000000..c10000000000: 1.2" in out
     assert main(["history", "list", "--history", str(path)]) == 0
     assert "step 20" in " ".join(capsys.readouterr().out.split())
     assert main(["history", "export", "--format", "json", "--history", str(path)]) == 0

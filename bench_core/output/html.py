@@ -50,11 +50,16 @@ def history_svg(history, commit_url: str | None = None, width: int = 900, height
                  f"text-anchor='middle'>median ms</text>")
     for c in history.changes:
         cx = (x(c.point.index - 1) + x(c.point.index)) / 2
+        if c.point.first_low != c.point.first_high:   # the runs the new level may begin at: shaded
+            a, b = (x(c.point.first_low - 1) + x(c.point.first_low)) / 2, (x(c.point.first_high - 1) +
+                                                                          x(c.point.first_high)) / 2
+            parts.append(f"<rect class='change-range' x='{a:.1f}' y='{top}' width='{b - a:.1f}' height='{h}' "
+                         f"fill='#b00020' fill-opacity='0.08'/>")
         label = f"{c.point.ratio:.3f}x"
         line = (f"<line class='change' x1='{cx:.1f}' x2='{cx:.1f}' y1='{top}' y2='{top + h}' stroke='#b00020' "
                 f"stroke-dasharray='4 3'/><text x='{cx + 4:.1f}' y='{top + 12}' font-size='11' "
                 f"fill='#b00020'>{_esc(label)}</text>")
-        sha = c.first_after.commit
+        sha = history.points[c.point.index].commit
         parts.append(f"<a href='{_esc(commit_url.format(sha=sha))}'>{line}</a>" if commit_url and sha else line)
     path = " ".join(f"{'M' if i == 0 else 'L'}{x(i):.1f},{y(v):.1f}" for i, v in enumerate(ys))
     parts.append(f"<path d='{path}' fill='none' stroke='#9ab' stroke-width='1'/>")
@@ -113,7 +118,7 @@ def page(title: str, sections: Sequence[tuple[str, str]], generated: str, note: 
 
 def scenario_section(name: str, machine: str, history, samples: Sequence[float] | None,
                      commit_url: str | None) -> tuple[str, str]:
-    changes = "".join(f"<li>change point at run {c.point.index + 1} ({_esc(c.commits)}): {c.point.ratio:.3f}x "
+    changes = "".join(f"<li>change point at {_esc(c.runs)}, commits {_esc(c.commits)}: {c.point.ratio:.3f}x "
                       f"[{c.point.ci_low:.3f}, {c.point.ci_high:.3f}] ({c.point.confidence:.0%}), p="
                       f"{c.point.p_value:.3g}</li>" for c in history.changes)
     content = (history_svg(history, commit_url) +

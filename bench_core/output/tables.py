@@ -494,8 +494,9 @@ def hypotheses_table(rows: Sequence, f, fmt: str = "simple", measured: Measureme
                                   headers=["observation", "hypothesis", "next check"], tablefmt=fmt, maxcolwidths=[50, 34, 50])
 
 
-def history_table(history, wide: bool = False) -> str:
-    """One machine's runs of a scenario, oldest first, and its change points under them."""
+def history_table(history, wide: bool = False, scenario: str | None = None) -> str:
+    """One machine's runs of a scenario, oldest first, and its change points under them (with the bisection that
+    decides each one's range, where `scenario` is named)."""
     starts = {c.point.index: c for c in history.changes}
     rows = []
     for i, p in enumerate(history.points):
@@ -504,10 +505,14 @@ def history_table(history, wide: bool = False) -> str:
                      _ms(p.median_ms), p.n, mark])
     out = fit(["run", "created", "commit", "branch", "median ms", "n", "change"], rows, wide=wide,
               foldable=("branch", "n"), droppable=())
-    lines = [f"change point at run {c.point.index + 1} ({c.commits}): {c.point.ratio:.3f}x "
-             f"[{c.point.ci_low:.3f}, {c.point.ci_high:.3f}] ({c.point.confidence:.0%}), permutation "
-             f"p={c.point.p_value:.3g}, {c.point.before} runs before and {c.point.after} after in its segment"
-             for c in history.changes]
+    lines = []
+    for c in history.changes:
+        lines.append(f"change point at {c.runs}, commits {c.commits}: {c.point.ratio:.3f}x "
+                     f"[{c.point.ci_low:.3f}, {c.point.ci_high:.3f}] ({c.point.confidence:.0%}), permutation "
+                     f"p={c.point.p_value:.3g}, {c.point.before} runs before and {c.point.after} after in its segment")
+        command = None if scenario is None else c.bisect(scenario)
+        if command:
+            lines.append(f"  which commit: {command} -- <your pytest arguments>")
     lines = lines or [f"no change point in {len(history.points)} runs (the search needs at least 6)"
                       if len(history.points) < 6 else f"no change point in {len(history.points)} runs"]
     return out + below(lines, wide)

@@ -151,7 +151,7 @@ def cmd_history(ns) -> int:
                     return EXIT_BAD_INPUT
                 for mh in found:
                     print(f"{ns.scenario} on machine {mh.machine}:")
-                    print(history_table(mh, wide=ns.bench_wide))
+                    print(history_table(mh, wide=ns.bench_wide, scenario=ns.scenario))
                     print()
     except (BenchError, ValueError) as exc:
         print(f"bench_core history: {exc}", file=sys.stderr)

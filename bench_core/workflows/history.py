@@ -14,13 +14,28 @@ from bench_core.files.history import History, Point
 @dataclass(frozen=True)
 class Change:
     point: ChangePoint
-    last_before: Point      # the last run at the old level
-    first_after: Point      # the first run at the new level
+    last_before: Point      # the last run sure to be at the old level (before the range the change may lie in)
+    first_after: Point      # the first run sure to be at the new level (the range's last)
 
     @property
     def commits(self) -> str:
+        """The commits the change may have come in, as git writes a range (after the first, up to the second)."""
         a, b = (p.commit[:12] if p.commit else "no commit" for p in (self.last_before, self.first_after))
         return f"{a}..{b}"
+
+    @property
+    def runs(self) -> str:
+        """Where the new level begins: the run found, and the range it may lie in where that is wider."""
+        p = self.point
+        found = f"run {p.index + 1}"
+        if p.first_low == p.first_high:
+            return found
+        return f"{found} (runs {p.first_low + 1}-{p.first_high + 1} at {p.confidence:.0%})"
+
+    def bisect(self, scenario: str) -> str | None:
+        """The command that decides the range commit by commit, where both ends have commits."""
+        a, b = self.last_before.commit, self.first_after.commit
+        return None if not a or not b or a == b else f"bench-core bisect {a[:12]} {b[:12]} -k {scenario}"
 
 
 @dataclass(frozen=True)
@@ -44,7 +59,7 @@ def scenario_history(h: History, scenario: str, *, machine: str | None = None, b
 
 def changes_in(points: Sequence[Point], *, alpha: float = 0.01, min_size: int = 3) -> list[Change]:
     found = change_points([p.mean_log for p in points], alpha=alpha, min_size=min_size)
-    return [Change(c, points[c.index - 1], points[c.index]) for c in found]
+    return [Change(c, points[c.first_low - 1], points[c.first_high]) for c in found]
 
 
 def report_page(h: History, results_dir: Path | None, commit_url: str | None, generated: str) -> str:
