@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from bench_core.core.errors import InvalidRecord
-from bench_core.core.scenario import Scenario, _freeze
+from bench_core.core.scenario import Scenario, freeze
 from bench_core.core.stats import Summary, per_second, summarize
 
 MODES = ("per_call", "block")
@@ -184,7 +184,7 @@ class Measurement:
         aside = clocks.get("set_aside", [])
         if not isinstance(aside, (list, tuple)) or any(not isinstance(x, (list, tuple)) or len(x) != 2 for x in aside):
             raise InvalidRecord(f"scenario {name!r}: gpu_timing.clocks.set_aside must list [host_ms, gpu_ms] pairs")
-        object.__setattr__(self, "gpu_timing", _freeze(dict(self.gpu_timing)))
+        object.__setattr__(self, "gpu_timing", freeze(dict(self.gpu_timing)))
         return len(aside)
 
     # -- derived figures -------------------------------------------------------------------------

@@ -22,11 +22,12 @@ STAGES = (
 )
 
 
-def _freeze(value: Any) -> Any:
+def freeze(value: Any) -> Any:
+    """Mappings and sequences made read-only, all the way down (records hold them; `thaw` undoes it)."""
     if isinstance(value, Mapping):
-        return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+        return MappingProxyType({str(k): freeze(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return tuple(freeze(v) for v in value)
     return value
 
 
@@ -99,7 +100,7 @@ class Scenario:
         if not isinstance(self.graph, bool):
             raise InvalidRecord(f"scenario {self.name!r}: graph must be True or False, got {self.graph!r}")
         object.__setattr__(self, "window", window)
-        object.__setattr__(self, "metadata", _freeze(dict(self.metadata)))
+        object.__setattr__(self, "metadata", freeze(dict(self.metadata)))
         object.__setattr__(self, "no_growth", counters)
 
     def with_metadata(self, **extra: Any) -> "Scenario":
