@@ -145,8 +145,14 @@ def test_where_a_change_began_is_a_range_of_runs_that_holds_the_true_one_and_bis
     assert main(["history", "show", "step", "--history", str(path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"commits {change.commits}" in out
-    if p.first_low != p.first_high:
-        assert f"bench-core bisect {change.last_before.commit[:12]} {change.first_after.commit[:12]} -k step" in out
+    assert p.first_low < p.index + 1 and p.first_low < p.first_high      # this seeded history: a range of runs
+    assert f"bench-core bisect {change.last_before.commit[:12]} {change.first_after.commit[:12]} -k step" in out
+    from bench_core.output.html import history_svg
+    from bench_core.workflows.history import scenario_history
+
+    with History(path) as h:
+        (mh,) = scenario_history(h, "step")
+    assert history_svg(mh).count("class='change-range'") == 1    # the page shades the range
 
 
 def test_the_cli_shows_a_scenarios_history_with_its_change_point_and_commits(tmp_path, capsys):
