@@ -99,6 +99,7 @@ def test_a_scenarios_modes_are_recorded_not_applied_on_the_cpu_and_refused_where
     m = s.measure(Scenario("s", ("compute",), cache="cold", graph=True), lambda: None, warmup=0, repeats=2)
     assert m.scenario.metadata["gpu_modes"] == "not applied on the CPU: cache cold, graph"
     assert m.gpu_timing is None
+    assert "s: GPU timing modes not applied on the CPU: cache cold, graph" in " ".join(session_table([m]).split())
 
     def values(**given):
         from bench_core.shells import options as opt

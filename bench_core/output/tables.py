@@ -171,6 +171,8 @@ def gpu_timing_lines(results: Sequence[Measurement]) -> list[str]:
     CUDA graph with launch overhead, the samples set aside as throttled; and whether clocks were locked."""
     out, seen = [], []
     for m in results:
+        if "gpu_modes" in m.scenario.metadata:   # declared, and said where they were not applied
+            out.append(f"{m.name}: GPU timing modes {m.scenario.metadata['gpu_modes']}")
         g = m.gpu_timing or {}
         if g.get("cache"):
             c = g["cache"]
