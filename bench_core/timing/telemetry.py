@@ -120,16 +120,21 @@ def flags(before: GpuState, after: GpuState) -> list[str]:
     return out
 
 
+# reasons that set a sample aside whatever its clock: thermal limits and the hardware's own slowdowns. The software
+# power cap is left to the clock rule: a busy GPU sits at its cap most of the time, a few percent below its clock
+SEVERE = THERMAL | {"hw_slowdown", "hw_power_brake_slowdown"}
+
+
 def throttled(before: ClockReading, after: ClockReading, default_mhz: int | None,
               share: float = THROTTLE_SHARE) -> str | None:
-    """Why one sample was taken throttled, in words (thermal or power reasons at either edge, or an SM clock below
-    `share` of the default), or None."""
-    seen = (set(before.reasons or ()) | set(after.reasons or ())) & (THERMAL | POWER)
+    """Why one sample was taken throttled, in words, or None: a thermal or hardware slowdown reason at either edge,
+    or the SM clock at the sample's end below `share` of the default. The end, because the reading before a sample
+    finds the device idle for a moment, and an idle GPU lowers its clock."""
+    seen = (set(before.reasons or ()) | set(after.reasons or ())) & SEVERE
     if seen:
         return f"throttled ({', '.join(sorted(seen))})"
-    clocks = [r.sm_mhz for r in (before, after) if r.sm_mhz is not None]
-    if default_mhz and clocks and min(clocks) < share * default_mhz:
-        return f"SM clock {min(clocks)} MHz, below {share:.0%} of the default {default_mhz} MHz"
+    if default_mhz and after.sm_mhz is not None and after.sm_mhz < share * default_mhz:
+        return f"SM clock {after.sm_mhz} MHz, below {share:.0%} of the default {default_mhz} MHz"
     return None
 
 
