@@ -13,14 +13,16 @@ COMMITS = [f"{i:02d}" * 20 for i in range(16)]
 
 
 def _decider(first_bad, inconclusive=()):
-    asked = []
+    asked, thresholds = [], []
 
-    def decide(commit, alpha, factor):
+    def decide(commit, alpha, factor, threshold=None):
         asked.append((commit, alpha, factor))
+        thresholds.append(threshold)
         if (commit, factor) in inconclusive:
             return Step(commit, INCONCLUSIVE)
         bad = first_bad is not None and COMMITS.index(commit) >= first_bad
         return Step(commit, SLOWER if bad else UNCHANGED, 1.25 if bad else 1.0, 1.2, 1.3, 0.99, 12)
+    decide.thresholds = thresholds
     return decide, asked
 
 
@@ -33,6 +35,9 @@ def test_the_search_names_the_first_bad_commit_within_its_planned_decisions(firs
     assert len(asked) <= planned_decisions(16) == 6
     assert {a for _, a, _ in asked} == {0.01 / 6}      # every decision at its share of the search's alpha
     assert "first bad commit: " + COMMITS[first_bad] in "\n".join(found.lines())
+    # BAD first, at the comparison's own threshold; the commits between at a quarter of its 1.25x step
+    assert decide.thresholds[0] is None and all(t == pytest.approx(0.0625) for t in decide.thresholds[1:])
+    assert found.threshold == pytest.approx(0.0625) and "threshold 6.2%" in "\n".join(found.lines())
 
 
 def test_no_slowdown_ends_the_search_at_once_and_an_undecided_step_reports_the_range_proved():

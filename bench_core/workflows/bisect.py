@@ -7,6 +7,13 @@ BAD is slower than GOOD at all; one more is kept for a step that needs its round
 made at alpha / that many, so the whole search is wrong with probability at most alpha (Bonferroni). A step left
 inconclusive is run once more with three times the rounds; if it still is, the search stops and reports the
 narrowest range it proved.
+
+The question of the middle steps: once BAD is found slower by a ratio r, each commit between is asked whether it is
+at GOOD's level or at BAD's, not whether it differs from GOOD by 2%: its threshold is a quarter of the step, so
+"unchanged" means within half the step of GOOD (the gate's equivalence margin is twice its threshold). A step of
+10% then decides a good commit once its interval lies within +-5%, not +-4%, about a third fewer rounds. A slowdown
+that came in two halves is found at the commit where the second half came in; the record says which threshold the
+middle steps used.
 """
 from __future__ import annotations
 
@@ -56,6 +63,7 @@ class Bisection:
     alpha: float = 0.01
     planned: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    threshold: float | None = None          # the middle steps' threshold (None: the comparison's own)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -77,29 +85,45 @@ class Bisection:
         else:
             out.append(f"undecided: the first bad commit is after {self.last_good} and at or before {self.first_bad} "
                        f"(the narrowest range proved)")
+        middle = ("" if self.threshold is None else
+                  f"; the commits between at threshold {self.threshold:.1%} (a quarter of BAD's step: 'unchanged' "
+                  f"within half of it)")
         return out + [f"{len(self.steps)} decisions (at most {self.planned} planned), each at alpha "
-                      f"{self.alpha / self.planned:.2g}, {self.alpha:g} for the whole search"] + list(self.notes)
+                      f"{self.alpha / self.planned:.2g}, {self.alpha:g} for the whole search{middle}"] + list(self.notes)
 
 
 def planned_decisions(n: int) -> int:
     return math.ceil(math.log2(max(n, 1))) + 2
 
 
-def search(good: str, commits: Sequence[str], scenario: str, decide: Callable[[str, float, int], Step], *,
+MIN_THRESHOLD = 0.02   # side by side's own threshold: the middle steps' is never below it
+
+
+def middle_threshold(bad: Step) -> float | None:
+    """The middle steps' threshold from BAD's decision (a quarter of its step), where that is above side by
+    side's own; None otherwise."""
+    if bad.verdict != SLOWER or bad.ratio is None or (bad.ratio - 1) / 4 <= MIN_THRESHOLD:
+        return None
+    return (bad.ratio - 1) / 4
+
+
+def search(good: str, commits: Sequence[str], scenario: str, decide: Callable[..., Step], *,
            alpha: float = 0.01, retry_factor: int = 3) -> Bisection:
     """Binary search for the first commit of `commits` (oldest first, the last is BAD) slower than `good`;
-    `decide(commit, alpha_per_step, rounds_factor)` is one side-by-side decision against `good`."""
+    `decide(commit, alpha_per_step, rounds_factor, threshold)` is one side-by-side decision against `good`
+    (threshold None: the comparison's own)."""
     if not commits:
         raise BisectError(f"no commits between {good[:12]} and the bad one: nothing to bisect")
     planned = planned_decisions(len(commits))
     per = alpha / planned
     steps: list[Step] = []
+    threshold: float | None = None
 
     def judged(commit: str) -> str | None:
-        step = decide(commit, per, 1)
+        step = decide(commit, per, 1, threshold)
         if step.verdict == INCONCLUSIVE and len(steps) + 2 <= planned:
             steps.append(step)
-            step = decide(commit, per, retry_factor)
+            step = decide(commit, per, retry_factor, threshold)
         steps.append(step)
         if step.verdict == SLOWER:
             return "bad"
@@ -112,6 +136,7 @@ def search(good: str, commits: Sequence[str], scenario: str, decide: Callable[[s
         outcome = "no change in range" if first == "good" else "undecided"
         return Bisection(steps=tuple(steps), outcome=outcome, first_bad=None if first == "good" else commits[-1],
                          last_good=good if first is None else None, **args)
+    threshold = middle_threshold(steps[-1])
     lo, hi = -1, len(commits) - 1            # commits[lo] good (-1: GOOD itself), commits[hi] bad
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -126,7 +151,7 @@ def search(good: str, commits: Sequence[str], scenario: str, decide: Callable[[s
             break
     last_good = good if lo < 0 else commits[lo]
     return Bisection(steps=tuple(steps), outcome="found" if hi - lo == 1 else "undecided", first_bad=commits[hi],
-                     last_good=last_good, **args)
+                     last_good=last_good, threshold=threshold, **args)
 
 
 # --- one step: a temporary worktree at the commit, pytest --bench-against GOOD in it ----------------------------
@@ -157,7 +182,7 @@ def pytest_step(root: Path, good: str, scenario: str, select: str, pytest_args: 
     from bench_core.files import children
     from bench_core.workflows.side_by_side.revisions import link_untracked
 
-    def decide(commit: str, alpha: float, rounds_factor: int) -> Step:
+    def decide(commit: str, alpha: float, rounds_factor: int, threshold: float | None = None) -> Step:
         with tempfile.TemporaryDirectory(prefix="bench_core-bisect-") as tmp, \
                 worktree(root, commit, Path(tmp) / "tree") as tree:
             out = Path(tmp) / "out"
@@ -165,6 +190,8 @@ def pytest_step(root: Path, good: str, scenario: str, select: str, pytest_args: 
             argv = [sys.executable, "-m", "pytest", *pytest_args, "-k", select, "-p", "no:cacheprovider",
                     "--bench-against", good, "--bench-alpha", f"{alpha:.6g}", "--bench-out", str(out),
                     "--bench-history", "none"]
+            if threshold is not None:
+                argv += ["--bench-threshold", f"{threshold:.4g}"]
             if rounds_factor > 1:   # the first look itself later: an undecided A/A does not run on by itself
                 argv += ["--bench-rounds", str(12 * rounds_factor), "--bench-max-rounds", str(36 * rounds_factor)]
             with open(Path(tmp) / "log", "wb") as log:
