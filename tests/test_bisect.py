@@ -101,14 +101,9 @@ def test_each_commits_worktree_has_its_submodules_at_that_commits_own_version(tm
     commit's worktree gets every submodule at the commit it records, as a worktree of the user's clone, all removed
     afterwards; a submodule the user never checked out is named."""
     from bench_core.workflows.bisect import BisectError, worktree
-    from test_revisions import _tree, git, write
+    from test_revisions import _tree, git, with_submodule, write
 
-    sub = _tree(tmp_path, "workload")
-    write(sub, {"work.py": "AMOUNT = 2\n"})
-    git(sub, "add", "-A")
-    git(sub, "commit", "-qm", "small")
-    root = _tree(tmp_path, "repo")
-    git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "workload")
+    root = with_submodule(tmp_path)
     git(root, "commit", "-qm", "v1")
     write(root, {"workload/work.py": "AMOUNT = 20\n"})       # the workload bumped 10x
     git(root / "workload", "commit", "-qam", "large")
@@ -125,7 +120,7 @@ def test_each_commits_worktree_has_its_submodules_at_that_commits_own_version(tm
     assert (root / "workload" / "work.py").read_text() == "AMOUNT = 20\n"   # the user's tree untouched
 
     bare = _tree(tmp_path, "fresh")
-    git(bare, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "workload")
+    git(bare, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(tmp_path / "workload"), "workload")
     git(bare, "commit", "-qm", "v1")
     git(bare, "submodule", "deinit", "-q", "--all")
     with pytest.raises(BisectError, match="submodule workload, which is not checked out here"):

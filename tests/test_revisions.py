@@ -185,16 +185,23 @@ def _tree(tmp_path, name):
     return root
 
 
-def test_the_revision_is_its_real_tree_export_ignore_and_submodules_included(tmp_path):
-    """`git archive` left out an export-ignore'd module and every submodule, so REV's side imported the
-    current tree's copies (#27): the revision's tree is now checked out as it is, each submodule at REV's commit."""
+def with_submodule(tmp_path, files: dict | None = None) -> Path:
+    """A repository `repo` holding `files` and the submodule `workload` (its work.py: AMOUNT = 2), added but not
+    yet committed in the repository; returns its root."""
     sub = _tree(tmp_path, "workload")
     write(sub, {"work.py": "AMOUNT = 2\n"})
     git(sub, "add", "-A")
     git(sub, "commit", "-qm", "small")
     root = _tree(tmp_path, "repo")
-    write(root, {"helpers.py": "V = 1\n", ".gitattributes": "helpers.py export-ignore\n"})
+    write(root, files or {})
     git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "workload")
+    return root
+
+
+def test_the_revision_is_its_real_tree_export_ignore_and_submodules_included(tmp_path):
+    """`git archive` left out an export-ignore'd module and every submodule, so REV's side imported the
+    current tree's copies (#27): the revision's tree is now checked out as it is, each submodule at REV's commit."""
+    root = with_submodule(tmp_path, {"helpers.py": "V = 1\n", ".gitattributes": "helpers.py export-ignore\n"})
     git(root, "add", "-A")
     git(root, "commit", "-qm", "v1")
     write(root, {"helpers.py": "V = 2\n", "workload/work.py": "AMOUNT = 20\n"})   # the workload bumped 10x
@@ -211,12 +218,7 @@ def test_the_revision_is_its_real_tree_export_ignore_and_submodules_included(tmp
 
 
 def test_a_submodule_commit_the_clone_lacks_is_named(tmp_path):
-    sub = _tree(tmp_path, "workload")
-    write(sub, {"work.py": "AMOUNT = 2\n"})
-    git(sub, "add", "-A")
-    git(sub, "commit", "-qm", "small")
-    root = _tree(tmp_path, "repo")
-    git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "workload")
+    root = with_submodule(tmp_path)
     git(root, "update-index", "--cacheinfo", f"160000,{'1' * 40},workload")   # REV records a commit never fetched
     git(root, "commit", "-qm", "v1")
     git(root, "add", "workload")

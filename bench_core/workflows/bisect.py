@@ -227,13 +227,10 @@ def worktree(root: Path, commit: str, tree: Path) -> Iterator[Path]:
 
 def _add_submodules(repo: Path, tree: Path, commit: str, added: list[tuple[Path, Path]]) -> None:
     from bench_core.files import git
+    from bench_core.workflows.side_by_side.revisions import submodules_at
 
-    listing = git.run(repo, "ls-tree", "-r", "-z", commit)
-    for entry in listing.stdout.split("\0"):
-        meta, _, path = entry.partition("\t")
-        if not meta.startswith("160000 commit "):
-            continue
-        sub, at = repo / path, meta.split()[2]
+    for path, at in submodules_at(repo, commit):
+        sub = repo / path
         if not (sub / ".git").exists():
             raise BisectError(f"commit {commit[:12]} has the submodule {path}, which is not checked out here: run "
                               f"`git submodule update --init` first, so each commit runs with its own copy of it")

@@ -126,11 +126,15 @@ def _checkout(repo: Path, commit: str, into: Path, label: str) -> None:
             out = _git(repo, *args, env=index)
             if out.returncode != 0:
                 raise RevisionError(f"extracting {label} ({commit[:12]}) failed at git {args[0]}: {out.stderr.strip()}")
+    for path, at in submodules_at(repo, commit):
+        _checkout_submodule(repo, path, at, into, label)
+
+
+def submodules_at(repo: Path, commit: str) -> list[tuple[str, str]]:
+    """(path, commit) of every submodule `commit` of `repo` records."""
     listing = _git(repo, "ls-tree", "-r", "-z", commit)
-    for entry in listing.stdout.split("\0"):
-        meta, _, path = entry.partition("\t")
-        if meta.startswith("160000 commit "):
-            _checkout_submodule(repo, path, meta.split()[2], into, label)
+    return [(path, meta.split()[2]) for meta, _, path in (e.partition("\t") for e in listing.stdout.split("\0"))
+            if meta.startswith("160000 commit ")]
 
 
 def _checkout_submodule(repo: Path, path: str, commit: str, into: Path, label: str) -> None:
