@@ -57,8 +57,11 @@ def test_cold_samples_find_their_data_flushed_and_the_flush_stays_outside_the_wi
 
 
 def test_the_self_check_sees_a_working_flush_and_says_when_the_flush_left_the_cache_warm():
-    clock, gpu, backend = _gpu()
+    clock, gpu, _ = _gpu()
+    sizes = []
+    backend = CudaBackend(gpu, alloc=lambda n: sizes.append(n) or gpu.buffer(n))
     m = _measure(clock, backend, _reader(gpu), cache="cold", cache_check=True)
+    assert sizes.count(2 * gpu.l2_bytes) == 1     # the check flushes with the scenario's own buffer
     check = m.gpu_timing["cache"]["check"]
     probe = int(caching.PROBE_SHARE * gpu.l2_bytes)
     assert check["colder"] and check["probe_bytes"] == probe

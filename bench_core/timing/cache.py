@@ -74,9 +74,10 @@ class CacheCheck:
         return {**self.__dict__, "colder": self.colder}
 
 
-def self_check(backend: Any, clock: Clock | None = None) -> CacheCheck:
-    """Time an L2-resident probe cold (flushed before each sample) and hot (read again right after), alternated."""
-    flush = Flush(backend, "cache self-check")
+def self_check(backend: Any, clock: Clock | None = None, flush: Flush | None = None) -> CacheCheck:
+    """Time an L2-resident probe cold (flushed before each sample, by `flush` where the scenario has one already)
+    and hot (read again right after), alternated."""
+    flush = flush or Flush(backend, "cache self-check")
     l2 = flush.nbytes // FLUSH_FACTOR
     probe = backend.buffer(int(PROBE_SHARE * l2))
     sampler = Sampler("cache self-check", backend, clock)

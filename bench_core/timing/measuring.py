@@ -99,7 +99,7 @@ class _GpuModes:
     def __init__(self, backend: Backend, name: str, cache: str | None, graph: bool, setup, clock, check: bool):
         from bench_core.timing import cache as caching
 
-        self.backend, self.name, self.cache, self.graph, self.clock = backend, name, cache, graph, clock
+        self.backend, self.name, self.cache, self.graph = backend, name, cache, graph
         self.record: dict[str, Any] = {}
         caching.check_state(cache, name)
         if graph:
@@ -110,7 +110,7 @@ class _GpuModes:
         if cache is not None:
             self.record["cache"] = {"state": cache, "flush_bytes": None if self.flush is None else self.flush.nbytes}
         if check and self.flush is not None:
-            found = caching.self_check(backend, clock)
+            found = caching.self_check(backend, clock, self.flush)
             self.record["cache"]["check"] = found.to_dict()
 
     def scenario(self, scenario: Scenario) -> Scenario:
@@ -147,7 +147,8 @@ class _GpuModes:
         found = per_sample(readings, self.backend.default_sm_mhz()) if any(r is not None for r in readings) else None
         if found is not None:
             kept, clocks = found
-            clocks["set_aside"] = [[x.host_ms, x.gpu_ms] for i, x in enumerate(samples) if i not in set(kept)]
+            used = set(kept)
+            clocks["set_aside"] = [[x.host_ms, x.gpu_ms] for i, x in enumerate(samples) if i not in used]
             self.record["clocks"] = clocks
             samples = [samples[i] for i in kept]
         return taken.cold, samples, self.record or None
