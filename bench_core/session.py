@@ -143,6 +143,11 @@ class BenchSession:
         """The scenario's GPU timing modes, (cache, graph): the command line's beat its own."""
         return self.config.cache or scenario.cache, self.config.graph or scenario.graph
 
+    def gpu_modes_said(self, scenario: Scenario) -> str:
+        """The scenario's GPU timing modes in words ("" where none)."""
+        cache, graph = self.gpu_modes(scenario)
+        return ", ".join([f"cache {cache}"] * bool(cache) + ["graph"] * graph)
+
     def _gpu_modes(self, scenario: Scenario) -> tuple[Scenario, dict]:
         """The scenario and `measure`'s arguments for its GPU modes; the first cold scenario of the session checks
         the flush. On the CPU a scenario's modes are not applied, and its metadata says so."""
@@ -150,8 +155,7 @@ class BenchSession:
         if not cache and not graph:
             return scenario, {}
         if self.config.device == "cpu":
-            return scenario.with_metadata(gpu_modes="not applied on the CPU: " + ", ".join(
-                [f"cache {cache}"] * bool(cache) + ["graph"] * graph)), {}
+            return scenario.with_metadata(gpu_modes=f"not applied on the CPU: {self.gpu_modes_said(scenario)}"), {}
         check = cache == "cold" and not self.cache_checked
         self.cache_checked = self.cache_checked or check
         return scenario, {"cache": cache, "graph": graph, "cache_check": check}

@@ -23,9 +23,8 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     every other instance comes from calling the test function again (this tree's, and the revision's), in this
     process where both sides can share it faithfully, else each side in a pytest process of its own."""
     loaded, name, a = session.revision, scenario.name, session.config.against
-    cache, graph = session.gpu_modes(scenario)
-    if session.config.device != "cpu" and (cache or graph):
-        modes = ", ".join([f"cache {cache}"] * bool(cache) + ["CUDA graph"] * graph)
+    modes = session.gpu_modes_said(scenario)
+    if session.config.device != "cpu" and modes:
         raise ScenarioError(name, f"its GPU timing modes ({modes}) are taken by plain runs and the stored-baseline "
                                   f"gate; side by side ({opt.AGAINST}) does not apply them, so it is not compared: "
                                   f"gate it against a stored baseline ({opt.COMPARE})")
