@@ -4,16 +4,17 @@ Pure: numbers in, change points out.
 The method, written down (docs/history.md has its measured error rates). The values are the runs' mean log times,
 oldest first. Binary segmentation: in a segment, every split leaving at least `min_size` runs on each side is
 scored by the Mann-Whitney statistic of the runs after it against the runs before, standardized; the best split's
-score is compared with the best score of `permutations` random orderings of the same segment (whether the segment
-changed); where it did, the change is placed at the split whose two sides sit closest to their own medians. The permutation
+score is compared with the best score of `permutations` random orderings of the same segment. The permutation
 test pays for having searched every split, and ranks make it indifferent to the slow runs a shared machine
-throws in. A split whose p-value is below `alpha` is a change point, and each side of it is searched again the
-same way (E-divisive, as MongoDB's CI and Apache Otava run it, differs in its statistic, not in this plan). Each
+throws in. A segment whose p-value is below `alpha` has a change point, placed at the split whose two sides sit
+closest to their own medians (the standardized statistic leans towards the middle), and each side of it is
+searched again the same way (E-divisive, as MongoDB's CI and Apache Otava run it, differs in its statistic, not
+in this plan). Each
 change point's size is the Hodges-Lehmann estimate of the shift (the median of all after-minus-before
 differences), with its distribution-free interval, both as ratios of times. Where the change began is itself
 uncertain when runs spread by several percent: each change point carries the range of runs its new level may
 begin at (`first_low`..`first_high`, at the same confidence), from a residual bootstrap: the segment rebuilt
-`replicates` times from each side's median plus residuals drawn from that side, and the best split found again in
+`replicates` times from each side's median plus residuals drawn from that side, and the split placed again in
 each; the range spans the middle `confidence` of those splits (and always the split found). The commits of that
 range are what a bisection then decides, commit by commit.
 """

@@ -49,10 +49,10 @@ class AgainstConfig:
     malloc: str = "pinned"         # process mode: glibc malloc's thresholds fixed in both sides' servers, or "as-is"
 
     def __post_init__(self):
-        pairs = self.pairs if self.pairs < 1 else self.forked_pairs   # what --bench-pairs gave, where it did
-        if self.rounds < 3 or pairs < 1:
+        fewest = min(self.pairs, self.forked_pairs)
+        if self.rounds < 3 or fewest < 1:
             raise ValueError(f"--bench-against needs at least 3 rounds and 1 pair per round, got {self.rounds} "
-                             f"and {self.pairs if pairs >= 1 else pairs} (the interval comes from the spread between "
+                             f"and {self.pairs if fewest >= 1 else fewest} (the interval comes from the spread between "
                              f"rounds)")
         if min(self.processes, self.quick_processes) < 3:
             raise ValueError(f"--bench-worker-pairs needs at least 3 pairs of processes, got "
