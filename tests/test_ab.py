@@ -41,11 +41,27 @@ def test_order_within_pairs_is_random_and_seeded():
     b = lambda: (calls.append("B"), clock.advance_ms(1))
     ab(a, b, clock=clock, repeats=20, warmup=0, seed=3)
     first = list(calls)
-    pairs = [tuple(first[i:i + 2]) for i in range(2, len(first), 2)]
-    assert set(pairs) == {("A", "B"), ("B", "A")}       # both orders occur
+    # after the two first calls, each sample follows an untimed call of its own side: AABB or BBAA
+    pairs = [tuple(first[i:i + 4]) for i in range(2, 2 + 4 * 20, 4)]
+    assert set(pairs) == {("A", "A", "B", "B"), ("B", "B", "A", "A")}   # both orders occur
     calls.clear()
     ab(a, b, clock=clock, repeats=20, warmup=0, seed=3)
     assert calls == first                                # and the order is reproducible
+
+
+def test_each_sample_starts_from_its_own_sides_state_not_the_others():
+    # a cache: a call runs at its warm time only when the call before it was of the same step; after the other
+    # side's, it pays a refill. A plain run's samples follow their own step, so the ratio asked about is 4.0
+    clock, last = FakeClock(), {"who": None}
+
+    def step(who, warm_ms):
+        def call():
+            clock.advance_ms(warm_ms + (0.0 if last["who"] == who else 0.1))
+            last["who"] = who
+        return call
+    res = ab(step("A", 0.1), step("B", 0.4), clock=clock, repeats=20, warmup=0)
+    assert res.baseline_ms == pytest.approx([0.1] * 20) and res.candidate_ms == pytest.approx([0.4] * 20)
+    assert res.speedup == pytest.approx(0.25)          # not 0.5/0.2, as alternating calls alone would read
 
 
 def test_exactly_equal_callables_are_unchanged():

@@ -286,6 +286,7 @@ class _FakeServer:
     def __init__(self, side, ms, fail_at=None, log=None):
         self.side, self.ms, self.fail_at, self.builds, self.closed, self.ends = side, ms, fail_at, 0, False, 0
         self.log = log if log is not None else []
+        self.asked = []   # per sample: whether an untimed call of the step was asked for ahead of it
 
     def wait_ready(self):
         pass
@@ -299,9 +300,13 @@ class _FakeServer:
         if self.builds == self.fail_at:
             raise ScenarioError("s", "broke on its build")
 
-    def sample(self):
+    def sample(self, ahead=False):
         from bench_core.timing.sampling import Sample
+        self.asked.append(ahead)
         return Sample(self.ms, None)
+
+    def warm(self, ms):
+        self.asked.append(f"warm {ms:g}")
 
     def start_end(self):
         pass
@@ -399,3 +404,58 @@ def test_unchanged_or_faster_looking_code_stops_at_the_first_look(cand_ms):
     c, rec = sequential(seed=11, cand_ms=cand_ms)
     assert len(rec["rounds"]["samples_host_gpu_ms"]["baseline"]) == 4
     assert c.verdict != SLOWER
+
+
+def test_a_served_pair_sample_asks_its_server_for_a_call_of_its_own_step_first_and_a_first_call_does_not():
+    from bench_core.timing.protocol import run_served
+
+    servers = {"baseline": _FakeServer("baseline", 2.0), "candidate": _FakeServer("candidate", 3.0)}
+    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2, warmup=1)
+    for server in servers.values():   # per round: the first call, one warmup call, then two pairs' samples
+        assert server.asked == [False, False, True, True] * 3
+
+
+def test_a_server_runs_the_untimed_call_ahead_of_a_sample_only_when_asked():
+    import json
+    import os
+
+    from bench_core.timing.protocol import Instance
+    from bench_core.workflows.worker import Channel, serve_round
+
+    calls = []
+    inst = Instance(fn=lambda: calls.append("fn"), setup=lambda: calls.append("setup"))
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    with os.fdopen(w_in, "w") as feed:
+        for doc in ({"cmd": "sample", "ahead": True}, {"cmd": "sample", "ahead": False}, {"cmd": "end"}):
+            feed.write(json.dumps(doc) + "\n")
+    channel = Channel(r_in, w_out)
+    assert serve_round(channel, inst, Sampler("s", CpuBackend(), FakeClock())) == "end"
+    channel.w.close()
+    with os.fdopen(r_out) as back:
+        replies = [json.loads(line) for line in back]
+    assert [set(r) for r in replies] == [{"built", "pid"}, {"host_ms", "gpu_ms"}, {"host_ms", "gpu_ms"}]
+    assert calls == ["setup", "fn", "setup", "fn", "setup", "fn"]   # ahead: its own setup and call, then the sample
+
+
+def test_a_fresh_instance_is_warmed_for_warm_ms_before_its_pairs_and_a_slow_one_gets_no_extra_call():
+    from bench_core.timing.protocol import Instance, run_rounds
+
+    clock = FakeClock()
+
+    def fresh(settled_ms, first_calls_ms, calls):
+        def build(r):
+            n = {"calls": 0}
+
+            def fn():   # a fresh instance's first four calls are 60% slow, as a forked child's were
+                n["calls"] += 1
+                calls.append(n["calls"])
+                clock.advance_ms(first_calls_ms if n["calls"] <= 4 else settled_ms)
+            return Instance(fn)
+        return build
+    small, big = [], []
+    res = run_rounds({"baseline": fresh(0.1, 0.16, small), "candidate": fresh(20.0, 20.0, big)},
+                     Sampler("s", CpuBackend(), clock), rounds=3, pairs=2, warmup=0, warm_ms=10.0)
+    assert [x for r in res.primary("baseline") for x in r] == pytest.approx([0.1] * 6)
+    assert max(small) > 50                          # about 10 ms of 0.1 ms calls after the first
+    assert max(big) == 1 + 2 * 2                    # first call, then each of 2 samples after its own call

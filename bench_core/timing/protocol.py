@@ -12,6 +12,17 @@ unit of evidence: a round's estimate is the median log ratio of its pairs, and t
 from the spread of the round estimates (a t-interval with rounds - 1 degrees of freedom). The
 instance bias is then inside the interval instead of inside the answer.
 
+Each timed sample of a pair follows an untimed call of its own side's step (`ahead_of`): a plain run's sample
+starts from the state its own previous call left (caches, the last-level cache above all, and the core awake),
+while in an alternation the other side ran last. Without that call a 0.1 ms step read 75% slower side by side in
+forked children than in a plain run, and a 17 ms memory-bound one 5-9% slower, so a ratio was pulled towards 1
+(a 4.4x slowdown read 2.8x; docs/side-by-side.md).
+
+A fresh instance also runs slower for its first calls (a forked child's copy-on-write faults, allocations touched
+for the first time): with `warm_ms`, each instance's first call is followed by untimed calls until the two have
+taken `warm_ms` (`warm_for`), so that a 0.1 ms step reaches its settled time before its pairs while a step slower
+than that costs no extra call.
+
 The decision over the rounds is `deciding.rounds`. Pure apart from calling the builders and the sampler.
 """
 from __future__ import annotations
@@ -143,8 +154,10 @@ class Instance:
     load: Callable[[], Any] | None = None
     block_size: int = 1
     scenario: Any = None           # the side's own Scenario record, when it declared one
-    remote: Callable[[], Sample] | None = None   # takes a sample elsewhere (a worker process) instead of `fn`
+    remote: Callable[[bool], Sample] | None = None   # takes a sample elsewhere (a worker process) instead of `fn`;
+                                                      # its argument: the sample follows an untimed call (`ahead_of`)
     clock: Any = None              # the clock the test asked for (tests: a fake), for a whole measurement of it
+    remote_warm: Callable[[float], Any] | None = None   # with `remote`: `warm_for` there, for so many ms
 
 
 @dataclass(frozen=True)
@@ -176,13 +189,48 @@ class Rounds:
                 "load_ms": dict(self.load_ms), "seed": self.seed, "round_log_ratios": self.round_log_ratios}
 
 
+def ahead_of(sampler: Sampler, inst: Instance, what: str) -> None:
+    """The untimed call of a side's own step just before its timed sample (see above), with its setup."""
+    if inst.setup is not None:
+        sampler.call(f"setup before the call ahead of {what}", inst.setup)
+    sampler.warm(inst.fn, f"the call ahead of {what}")
+
+
+ROUND_WARM_MS = 10.0    # comparisons' `warm_ms`: a 0.1 ms step in a fresh fork ran 60% slow for its first four calls
+WARM_CALLS_MAX = 1000   # `warm_for`'s bound: a step whose calls return at once (queued device work) ends anyway
+
+
+def warm_for(sampler: Sampler, inst: Instance, ms: float, what: str) -> int:
+    """Untimed calls of `inst` (each after its setup, its device work waited for) while they have taken less than
+    `ms` in all; returns how many ran."""
+    start, n = sampler.clock(), 0
+    while n < WARM_CALLS_MAX and (sampler.clock() - start) / 1e6 < ms:
+        if inst.setup is not None:
+            sampler.call(f"setup before {what}'s warm call {n}", inst.setup)
+        sampler.warm(inst.fn, f"{what}'s warm call {n}")
+        sampler.backend.synchronize()
+        n += 1
+    return n
+
+
+def sample_of(sampler: Sampler, inst: Instance, what: str, ahead: bool) -> Sample:
+    """One timed sample of a local instance (its setup first), after `ahead_of` where `ahead`."""
+    if ahead:
+        ahead_of(sampler, inst, what)
+    if inst.setup is not None:
+        sampler.call(f"setup before {what}", inst.setup)
+    return sampler.sample(inst.fn, inst.block_size, what=what)
+
+
 def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, *, rounds: int, pairs: int,
                warmup: int = 1, seed: int = 0, min_rounds: int = 3, extend_to: Sequence[int] = (),
                go_on: Callable[[Rounds], bool] | None = None, after_build: Callable[[int], Any] | None = None,
-               after_round: Callable[[int], Any] | None = None) -> Rounds:
+               after_round: Callable[[int], Any] | None = None, warm_ms: float = 0.0) -> Rounds:
     """`build[side](round)` makes a fresh instance of that side. Each round: build both (in random order),
-    a first (cold) call and `warmup` more of each, kept out of the estimate, then `pairs` pairs, each in
-    a random order. Nothing else runs between the two samples of a pair. A failure raises SideError.
+    a first (cold) call and `warmup` more of each, kept out of the estimate, untimed calls while its first
+    call and they have taken less than `warm_ms` (never in a distributed rank: the ranks would disagree on
+    how many), then `pairs` pairs, each in a random order, each sample after an untimed call of its own step.
+    Nothing of the other side runs between a sample and the call ahead of it. A failure raises SideError.
     The rounds are the unit of evidence, so there must be `min_rounds` of them (3, for a spread with 2
     degrees of freedom), unless these rounds are one part of a larger unit (a pair of processes).
 
@@ -202,12 +250,12 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
                      single=rounds == 1 and not extend_to)
     with gc_frozen():
         for r in range(rounds):
-            runner.round(r, pairs, warmup)
+            runner.round(r, pairs, warmup, warm_ms)
         for target in extend_to:
             if go_on is None or not go_on(runner.result(seed)):
                 break
             for r in range(len(runner.samples["baseline"]), target):
-                runner.round(r, pairs, warmup)
+                runner.round(r, pairs, warmup, warm_ms)
     return runner.result(seed)
 
 
@@ -225,15 +273,23 @@ class _Runner:
         self.scenarios: dict[str, Any] = {}
         self.inst: dict[str, Instance] = {}
 
-    def timed(self, side: str, what: str) -> Sample:
+    def timed(self, side: str, what: str, ahead: bool = False) -> Sample:
+        """A sample of `side`; with `ahead`, after an untimed call of its own step (`ahead_of`)."""
         i = self.inst[side]
         if i.remote is not None:
-            return on_side(side, i.remote)
-        if i.setup is not None:
-            on_side(side, lambda: self.sampler.call(f"setup before {what}", i.setup))
-        return on_side(side, lambda: self.sampler.sample(i.fn, i.block_size, what=what))
+            return on_side(side, lambda: i.remote(ahead))
+        return on_side(side, lambda: sample_of(self.sampler, i, what, ahead))
 
-    def round(self, r: int, pairs: int, warmup: int) -> None:
+    def warmed(self, side: str, ms: float, what: str) -> None:
+        i = self.inst[side]
+        if ms <= 0:
+            return
+        if i.remote_warm is not None:
+            on_side(side, lambda: i.remote_warm(ms))
+        elif i.remote is None:
+            on_side(side, lambda: warm_for(self.sampler, i, ms, what))
+
+    def round(self, r: int, pairs: int, warmup: int, warm_ms: float = 0.0) -> None:
         of = "" if self.single else f" of round {r}"
         for side in self.rng.sample(SIDES, 2):
             self.inst[side] = on_side(side, lambda: self.sampler.call(f"building round {r}",
@@ -249,6 +305,7 @@ class _Runner:
             self.after_build(r)
         for side in self.rng.sample(SIDES, 2):
             self.cold[side].append(self.timed(side, f"the first call{of}"))
+            self.warmed(side, warm_ms - self.cold[side][-1].primary_ms, f"round {r}")
         for w in range(warmup):
             for side in self.rng.sample(SIDES, 2):
                 self.timed(side, f"warmup {w}{of}")
@@ -256,7 +313,7 @@ class _Runner:
         with gc_paused():
             for p in range(pairs):
                 for side in self.rng.sample(SIDES, 2):
-                    got[side].append(self.timed(side, f"pair {p}{of}"))
+                    got[side].append(self.timed(side, f"pair {p}{of}", ahead=True))
         for side in SIDES:
             self.samples[side].append(tuple(got[side]))
         if self.after_round is not None:
@@ -282,7 +339,8 @@ def run_served(servers: Mapping[str, Any], sampler: Sampler, **rounds_kw) -> Rou
                 if (r, s) not in started:
                     started.add((r, s))
                     on_side(s, servers[s].start_round)
-            return Instance(fn=lambda: None, remote=servers[side].sample, scenario=servers[side].built())
+            return Instance(fn=lambda: None, remote=servers[side].sample, remote_warm=servers[side].warm,
+                            scenario=servers[side].built())
         return build
 
     def after_round(r: int) -> None:
@@ -315,12 +373,12 @@ def with_servers(spawn: Mapping[str, Callable[[int], Any]], k: int, work: Callab
 
 
 def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *, processes: int, rounds: int,
-                  pairs: int, seed: int = 0, release: Callable[[str, int, Any, bool], None] | None = None
-                  ) -> list[Rounds]:
+                  pairs: int, seed: int = 0, release: Callable[[str, int, Any, bool], None] | None = None,
+                  warm_ms: float = 0.0) -> list[Rounds]:
     """Side by side in `processes` pairs of servers that keep their own bias (see `run_served`): each pair runs
     `rounds` rounds, and is the unit of evidence."""
     if processes < 3:
         raise ValueError(f"worker mode needs at least 3 pairs of processes, got {processes}")
     return [with_servers(spawn, k, lambda servers: run_served(servers, sampler, rounds=rounds, pairs=pairs,
-                                                              seed=seed + k, min_rounds=1), seed=seed, release=release)
+                                                              seed=seed + k, min_rounds=1, warm_ms=warm_ms), seed=seed, release=release)
             for k in range(processes)]

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 from bench_core.timing.backends import Backend, backend_for
 from bench_core.core.errors import ScenarioError
 from bench_core.timing.sampling import Clock, Sampler
-from bench_core.timing.protocol import Instance, run_rounds
+from bench_core.timing.protocol import ROUND_WARM_MS, Instance, run_rounds
 from bench_core.core.stats import summarize
 from bench_core.deciding.paired import PairedDecision, paired_decision
 from bench_core.deciding.rounds import rounds_decision
@@ -233,7 +233,7 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
 
     res = run_rounds({"baseline": builder("baseline", make_baseline), "candidate": builder("candidate", make_candidate)},
                      Sampler(name, backend or backend_for(device), clock), rounds=looks[0], pairs=pairs, seed=seed,
-                     extend_to=looks[1:], go_on=go_on)
+                     extend_to=looks[1:], go_on=go_on, warm_ms=ROUND_WARM_MS)
     params["rounds_run"] = len(res.round_log_ratios)
     ident = {label: source_identity(fn) for label, fn in first.items()}
     base = tuple(x for r in res.primary("baseline") for x in r)

@@ -14,7 +14,9 @@ line goes each way per step:
    param_id, scenario}                  fork, files: {path: sha256},    up to its bench.run for that scenario: the
                                         signature: {...}}               step warmed once (and counted, if asked)
   {"cmd": "round"}                     {"built": scenario_doc, pid}    the item run afresh up to its bench.run
-  {"cmd": "sample"}                    {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`
+  {"cmd": "sample", ahead}             {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`;
+                                                                       `ahead`: after an untimed call of the step
+  {"cmd": "warm", "ms"}                {"warmed": calls}               untimed calls for `ms` (`protocol.warm_for`)
   {"cmd": "profile"}                   {"op_times": {op: [ms, calls]}} a profiler pass of the first run's
                                                                        step, in the server, after the rounds
   {"cmd": "end"}                       {"ended": status}               the round's run of the item ends
@@ -215,6 +217,7 @@ def serve_round(channel: Channel, inst, sampler) -> str:
     """One round's instance (`inst`, this run of the test's), sampled until another command than "sample" comes
     (returned; "quit" when the parent is gone)."""
     from bench_core.files.storage import scenario_doc
+    from bench_core.timing.protocol import sample_of, warm_for
 
     channel.send({"built": None if inst.scenario is None else scenario_doc(inst.scenario), "pid": os.getpid()})
     if inst.clock is not None:   # the clock the test asked for (a test's fake), as in one process
@@ -222,12 +225,13 @@ def serve_round(channel: Channel, inst, sampler) -> str:
     while True:
         doc = channel.recv()
         cmd = "quit" if doc is None else doc.get("cmd")
-        if cmd != "sample":
+        if cmd not in ("sample", "warm"):
             return cmd
         try:
-            if inst.setup is not None:
-                sampler.call("setup", inst.setup)
-            s = sampler.sample(inst.fn, inst.block_size)
+            if cmd == "warm":
+                channel.send({"warmed": warm_for(sampler, inst, float(doc["ms"]), "the round's instance")})
+                continue
+            s = sample_of(sampler, inst, "a sample", bool(doc.get("ahead")))
             channel.send({"host_ms": s.host_ms, "gpu_ms": s.gpu_ms})
         except ScenarioError as exc:
             channel.send({"error": exc.problem})
@@ -323,11 +327,16 @@ class Worker:
         self.child = out["pid"] if out["pid"] != self.proc.pid else None
         return scenario_from_doc(out["built"]) if out.get("built") else None
 
-    def sample(self):
+    def sample(self, ahead: bool = False):
+        """One sample of the round's instance; `ahead`: after an untimed call of it (`protocol.ahead_of`)."""
         from bench_core.timing.sampling import Sample
 
-        out = self._send({"cmd": "sample"}, "host_ms")
+        out = self._send({"cmd": "sample", "ahead": ahead}, "host_ms")
         return Sample(out["host_ms"], out["gpu_ms"])
+
+    def warm(self, ms: float) -> int:
+        """Untimed calls of the round's fresh instance, in its process, while they have taken less than `ms`."""
+        return int(self._send({"cmd": "warm", "ms": ms}, "warmed")["warmed"])
 
     def start_profile(self) -> None:
         """Asks for one profiler pass of this side's step, in the server itself, after the measured rounds

@@ -16,7 +16,8 @@ from bench_core.deciding.sequential import planned_looks, possible_slowdown
 from bench_core.deciding.verdicts import FASTER, SLOWER
 from bench_core.timing.backends import CpuBackend, backend_for
 from bench_core.timing.counts import QUICK
-from bench_core.timing.protocol import SideError, on_side, run_processes, run_rounds, run_served, with_servers
+from bench_core.timing.protocol import (ROUND_WARM_MS, SideError, on_side, run_processes, run_rounds, run_served,
+                                        with_servers)
 from bench_core.timing.sampling import Sampler, set_threads
 
 
@@ -37,7 +38,8 @@ class AgainstConfig:
     pairs: int = 4
     forked_pairs: int = 3    # process mode's forked rounds: each round also pays a fork and the test item, so its
                              # fourth pair bought less power than it cost (docs/side-by-side.md)
-    warmup: int = 0          # the first call of each instance (kept apart) already warms it
+    warmup: int = 0          # calls after the first, whatever they take; `warm_ms` is what settles an instance
+    warm_ms: float = ROUND_WARM_MS   # each instance's first call and untimed calls after it take this long at least
     seed: int = 0
     threshold: float = 0.02
     max_rounds: int | None = None
@@ -134,8 +136,8 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
 
     def sides(judge):
         return run_rounds(build, Sampler(scenario.name, backend or backend_for(session.config.device), clock),
-                          rounds=looks[0], pairs=pairs, warmup=a.warmup, seed=a.seed, extend_to=looks[1:],
-                          go_on=judge.go_on)
+                          rounds=looks[0], pairs=pairs, warmup=a.warmup, warm_ms=a.warm_ms, seed=a.seed,
+                          extend_to=looks[1:], go_on=judge.go_on)
     how = (f"{looks[0]} rounds" if len(looks) == 1 else
            f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
     return _side_by_side(session, scenario, live, sides, f"{how} x {pairs} pairs, fresh instances every round, one "
@@ -178,8 +180,8 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
         profiled: list[str] = []   # a slower or faster verdict's profiler pass, in each side's own process
 
         def rounds_then_profile(servers, judge):
-            res = run_served(servers, sampler, rounds=looks[0], pairs=pairs, warmup=a.warmup, seed=a.seed,
-                             extend_to=looks[1:], go_on=judge.go_on)
+            res = run_served(servers, sampler, rounds=looks[0], pairs=pairs, warmup=a.warmup, warm_ms=a.warm_ms,
+                             seed=a.seed, extend_to=looks[1:], go_on=judge.go_on)
             if not quick and judge(res, "host").verdict in (SLOWER, FASTER):
                 profiled.extend(_profile_served(session, scenario.name, servers))
             return res
@@ -202,7 +204,8 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     pairs = QUICK.pairs if quick else a.pairs
 
     def run_pairs(judge):
-        res = run_processes(spawn, sampler, processes=k, rounds=rounds, pairs=pairs, seed=a.seed, release=release)
+        res = run_processes(spawn, sampler, processes=k, rounds=rounds, pairs=pairs, seed=a.seed, release=release,
+                            warm_ms=a.warm_ms)
         _check_processes(scenario.name, ran, session.revision)
         return res
     return _side_by_side(session, scenario, live, run_pairs, f"{k} pairs of pytest processes x {rounds} rounds x "
