@@ -12,10 +12,11 @@ unit of evidence: a round's estimate is the median log ratio of its pairs, and t
 from the spread of the round estimates (a t-interval with rounds - 1 degrees of freedom). The
 instance bias is then inside the interval instead of inside the answer.
 
-Each timed sample of a pair follows an untimed call of its own side's step (`ahead_of`): a plain run's sample
-starts from the state its own previous call left (caches, the last-level cache above all, and the core awake),
-while in an alternation the other side ran last. Without that call a 0.1 ms step read 75% slower side by side in
-forked children than in a plain run, and a 17 ms memory-bound one 5-9% slower, so a ratio was pulled towards 1
+Each timed sample of a pair starts where a plain run's does, from a call of its own step (the caches, the
+last-level one above all, hold its data, and the core is awake): an untimed call of its own goes first
+(`ahead_of`), always, so that both sides make the same number of calls (a training step advances both alike, and a
+distributed rank's two configurations end equal). Without it a 0.1 ms step read 75% slower side by side in forked
+children than in a plain run, and a 17 ms memory-bound one 5-9% slower, so a ratio was pulled towards 1
 (a 4.4x slowdown read 2.8x; docs/side-by-side.md).
 
 A fresh instance also runs slower for its first calls (a forked child's copy-on-write faults, allocations touched
