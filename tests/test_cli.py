@@ -173,3 +173,81 @@ def test_the_pull_request_comment_never_runs_the_pull_requests_code():
     assert grants.strip() == "permissions:\n  contents: read"
     assert "name: bench-report" in cpu and "pr-number" in cpu and "report.md" in cpu
     assert "bench-history-${{ github.run_id }}" in cpu and "restore-keys: bench-history-" in cpu
+
+
+def _comment_script() -> str:
+    """The JavaScript of bench-comment.yml's github-script step, as GitHub runs it (the block under `script: |`)."""
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[1] / ".github" / "workflows" / "bench-comment.yml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "script: |") + 1
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    body = []
+    for line in lines[start:]:
+        if line.strip() and len(line) - len(line.lstrip()) < indent:
+            break
+        body.append(line[indent:])
+    return "\n".join(body)
+
+
+# github-script's globals, faked: `github` records the calls the script makes and lists `existing` comments
+_COMMENT_HARNESS = """
+const calls = [];
+const existing = JSON.parse(process.env.EXISTING);
+const github = {
+  paginate: async (method, args) => { calls.push(['list', args.issue_number]); return existing; },
+  rest: { issues: {
+    listComments: 'listComments',
+    updateComment: async (a) => { calls.push(['update', a.comment_id, a.body]); },
+    createComment: async (a) => { calls.push(['create', a.issue_number, a.body]); } } } };
+const context = { repo: { owner: 'o', repo: 'r' } };
+const core = { setFailed: (m) => { calls.push(['failed', m]); } };
+(async () => {
+SCRIPT
+})().then(() => console.log(JSON.stringify(calls)), (e) => { console.error(e); process.exit(3); });
+"""
+
+
+def _run_comment(tmp_path, number, report, existing=()):
+    import os
+    import shutil
+
+    import pytest
+
+    node = shutil.which("node") or shutil.which("nodejs")
+    if node is None:
+        pytest.skip("node is not installed: the comment workflow's script cannot run here (.ci/run installs it)")
+    (tmp_path / "report").mkdir(exist_ok=True)
+    (tmp_path / "report" / "pr-number").write_text(number)
+    if report is not None:
+        (tmp_path / "report" / "report.md").write_text(report)
+    script = tmp_path / "run.js"
+    script.write_text(_COMMENT_HARNESS.replace("SCRIPT", _comment_script()))
+    out = subprocess.run([node, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "EXISTING": json.dumps(list(existing))})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_comment_workflows_script_posts_one_comment_and_then_updates_that_one(tmp_path):
+    """#30: bench-comment.yml's script, run by node against a fake GitHub API: a first report creates the comment;
+    later ones update the bot's own comment, never a person's that quotes the marker."""
+    marker = "<!-- bench_core report -->"
+    calls = _run_comment(tmp_path, "17\n", "| scenario | verdict |\n")
+    assert calls == [["list", 17], ["create", 17, f"{marker}\n| scenario | verdict |\n"]]
+    theirs = {"id": 5, "user": {"type": "User"}, "body": f"{marker}\nquoted by a person"}
+    mine = {"id": 9, "user": {"type": "Bot"}, "body": f"{marker}\nthe last run's"}
+    calls = _run_comment(tmp_path, "17", "new report", existing=[theirs, mine])
+    assert calls == [["list", 17], ["update", 9, f"{marker}\nnew report"]]
+    calls = _run_comment(tmp_path, "17", "x" * 70_000, existing=[theirs])
+    assert calls[-1][:2] == ["create", 17] and len(calls[-1][2]) == len(marker) + 1 + 60_000
+
+
+def test_the_comment_workflows_script_takes_the_artifact_as_data(tmp_path):
+    """The pull request's own run wrote the artifact, so its number must be a number and nothing else is done."""
+    calls = _run_comment(tmp_path, "17; curl evil", "report")
+    assert [c[0] for c in calls] == ["failed"] and "not a pull request number" in calls[0][1]
+    (tmp_path / "none").mkdir()
+    calls = _run_comment(tmp_path / "none", "3", None)
+    assert calls == [["list", 3], ["create", 3, "<!-- bench_core report -->\nbench_core: the run left no report "
+                                                "(see its logs)."]]
