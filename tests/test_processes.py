@@ -275,3 +275,57 @@ def test_a_slower_verdict_in_process_mode_gets_a_profiler_pass_in_each_sides_own
     (mm,) = [t for t in rec["comparison"]["moved"] if t.startswith("aten::mm ")]
     assert mm.endswith("calls 1 -> 4)")
     res.stdout.fnmatch_lines(["*step: time moved (profiler pass after measuring, a hypothesis): aten::mm +*"])
+
+
+KEPT = CONFTEST + '''
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return {"w": torch.ones(4)}
+
+
+@pytest.fixture(scope="session")
+def size():
+    return 1.0
+
+
+@pytest.fixture
+def model(weights, size):
+    return size
+'''
+
+
+def test_a_wider_scoped_fixture_holding_torch_state_is_named_in_the_comparisons_notes(pytester):
+    """A module-scoped fixture holding a tensor is built once in each side's process and every round reuses it, so
+    its allocation's bias is not in the interval: the comparison says so, naming it. A session-scoped float is
+    not torch state, and the function-scoped model is rebuilt every round: neither is named."""
+    pytester.makeconftest(KEPT)
+    pytester.makepyfile(test_p=BUILDS_TEST)
+    commit_all(pytester.path)
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick")
+    res.assert_outcomes(passed=1)
+    (rec,) = doc["against"]["scenarios"]
+    assert all(r[0]["kept"] == ["weights (module)"] for r in rec["code"]["processes_ran"].values())
+    (note,) = [n for n in rec["comparison"]["notes"] if "reused by every round" in n]
+    assert note.startswith("fixture(s) weights (module) hold torch state") and "size" not in note
+
+
+def test_torch_state_is_found_inside_containers_objects_and_closures_and_nothing_else_counts():
+    import torch
+
+    from bench_core.workflows.side_by_side.fidelity import holds_torch_state
+
+    t = torch.zeros(2)
+
+    class Holder:
+        def __init__(self):
+            self.net = torch.nn.Linear(2, 2)
+
+    def closure():
+        return t
+    assert all(holds_torch_state(v) for v in (t, torch.nn.ReLU(), [1, (t,)], {"a": t}, Holder(), closure))
+    assert not any(holds_torch_state(v) for v in (1.0, "cuda", [1, 2], {"a": None}, torch.float32, len, None))
+    assert not holds_torch_state([[[t]]])   # deeper than two levels: not looked into

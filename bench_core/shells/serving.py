@@ -86,6 +86,20 @@ def serve_items(items, state) -> None:
         state.channel.send({"item_done": doc["scenario"], "served": True})
 
 
+def kept_fixtures(item) -> list[str]:
+    """The item's fixtures of a wider scope than the test whose values hold torch state, as "name (scope)": this
+    process builds them once and every round reuses them (a round rebuilds only the function-scoped ones)."""
+    from bench_core.workflows.side_by_side.fidelity import holds_torch_state
+
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    kept = []
+    for name, value in getattr(item, "funcargs", {}).items():
+        scope = getattr((defs.get(name) or [None])[-1], "scope", "function")
+        if scope != "function" and holds_torch_state(value):
+            kept.append(f"{name} ({scope})")
+    return sorted(kept)
+
+
 def serve(session, request, sizing, scenario, fn, kwargs):
     """bench.run inside a side's server: the scenario asked for is warmed and counted on the item's first run, and
     each later run of the item serves one round of it; any other scenario of the test is passed over (None)."""
@@ -129,5 +143,5 @@ def serve(session, request, sizing, scenario, fn, kwargs):
     counted = state.signature or bool(scenario.no_growth) or bool(state.instructions)
     state.ended_by = worker.first_run(state.channel, name, sampler, fork=state.fork,
                                       files=worker.loaded_files(state.roots), warm=warm if state.fork else None,
-                                      count=count if counted else None)
+                                      count=count if counted else None, kept=kept_fixtures(request.node))
     pytest.skip(f"warmed scenario {name!r} for a side-by-side comparison")

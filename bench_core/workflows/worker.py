@@ -12,7 +12,7 @@ line goes each way per step:
                                         malloc: {MALLOC_* variables}}
   {"cmd": "item", file, function,      {"serving": scenario, pid,      the item's first run (fixtures, then the test)
    param_id, scenario}                  fork, files: {path: sha256},    up to its bench.run for that scenario: the
-                                        signature: {...}}               step warmed once (and counted, if asked)
+                                        kept: [fixture], signature}     step warmed once (and counted, if asked)
   {"cmd": "round"}                     {"built": scenario_doc, pid}    the item run afresh up to its bench.run
   {"cmd": "sample", ahead}             {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`;
                                                                        `ahead`: after an untimed call of the step
@@ -132,10 +132,12 @@ def can_fork(device: str) -> bool:
 
 
 def first_run(channel: Channel, name: str, sampler, *, fork: bool, files: Mapping[str, str | None],
-              warm: Callable[[], Any] | None, count: Callable[[], Mapping[str, Any]] | None) -> str:
+              warm: Callable[[], Any] | None, count: Callable[[], Mapping[str, Any]] | None,
+              kept: list[str] = ()) -> str:
     """The item's first run in the server, at its bench.run: `warm()` untimed (forked children then inherit what a
     call sets up once per process: kernels chosen, primitive caches), then `count()`, whose fields (the step's work
-    signature) go to the parent with the "serving" line. Returns "served", or "failed" (said)."""
+    signature) go to the parent with the "serving" line, with `kept` (the fixtures every round reuses, see
+    `serving.kept_fixtures`). Returns "served", or "failed" (said)."""
     if warm is not None:
         try:
             sampler.call("the server's warming call", warm)
@@ -143,7 +145,8 @@ def first_run(channel: Channel, name: str, sampler, *, fork: bool, files: Mappin
             channel.send({"error": exc.problem})
             return "failed"
     counted = dict(count()) if count is not None else {}
-    channel.send({"serving": name, "pid": os.getpid(), "fork": fork, "files": dict(files), **counted})
+    channel.send({"serving": name, "pid": os.getpid(), "fork": fork, "files": dict(files), "kept": list(kept),
+                  **counted})
     return "served"
 
 
@@ -305,6 +308,7 @@ class Worker:
             spec, self._spec = self._spec, None
             out = self._send({"cmd": "item", **spec}, "serving")
             self.ran = {"pid": out["pid"], "forked_rounds": out["fork"], "files": out["files"],
+                        "kept": out.get("kept", []),
                         "forwarded": self.init.get("forwarded", []),
                         "interpreter": self.init["python"], **self.environment, "tree": self.init["tree"],
                         **{k: out[k] for k in ("signature", "signature_error", "instructions", "instructions_error")

@@ -19,6 +19,7 @@ from bench_core.timing.counts import QUICK
 from bench_core.timing.protocol import (ROUND_WARM_MS, SideError, on_side, run_processes, run_rounds, run_served,
                                         with_servers)
 from bench_core.timing.sampling import Sampler, set_threads
+from bench_core.workflows.side_by_side.fidelity import kept_note
 
 
 @dataclass(frozen=True)
@@ -367,6 +368,10 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
         return m, None
     c = judge(res, m.timer)
     c = replace(c, method=f"side by side with {rev}: {method}")   # the rounds each scenario ran: its row
+    kept = kept_note({side: [k for r in reports for k in r.get("kept", [])]
+                      for side, reports in (proof or {}).get("processes_ran", {}).items()})
+    if kept is not None:
+        c = replace(c, notes=c.notes + (kept,))
     if counted is not None:
         c = with_facts(session, c, *counted, scenario)
     if explain is not None and c.verdict in (SLOWER, FASTER) and not session.config.quick and clock is None:

@@ -128,3 +128,40 @@ def crossed(files: dict[str, str | None], own: Path, other: Path) -> list[str]:
             if not mine.exists() or file_sha256(mine) != sha:
                 out.append(str(p.relative_to(Path(other).resolve())))
     return sorted(out)
+
+
+def holds_torch_state(value: Any, depth: int = 2) -> bool:
+    """Whether `value` is, or holds within `depth` levels (items of a container, attributes of an object, the cells of
+    a closure), a tensor, a module or an optimizer: memory that was allocated when it was built."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if isinstance(value, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)):
+        return True
+    if depth <= 0 or isinstance(value, (str, bytes, int, float, bool, type(None), ModuleType, type)):
+        return False
+    if isinstance(value, dict):
+        inner = list(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        inner = list(value)
+    elif getattr(value, "__closure__", None):
+        inner = []
+        for cell in value.__closure__:
+            try:
+                inner.append(cell.cell_contents)
+            except ValueError:   # a cell not filled yet
+                pass
+    else:
+        inner = list(getattr(value, "__dict__", {}).values())
+    return any(holds_torch_state(v, depth - 1) for v in inner[:1000])
+
+
+def kept_note(kept: dict[str, list[str]]) -> str | None:
+    """The comparison's note where a side's process kept fixtures of a wider scope than the test holding torch state
+    (`kept`: per side, "name (scope)"): built once in that process, so every round reused them."""
+    names = sorted({k for side in kept.values() for k in side})
+    if not names:
+        return None
+    return (f"fixture(s) {', '.join(names)} hold torch state built once in each side's process and reused by every "
+            f"round: the bias of that allocation (several percent on memory-bound work, docs/side-by-side.md) is in "
+            f"the ratio, not in its interval; a function-scoped fixture is rebuilt every round")
