@@ -47,7 +47,7 @@ class ChangePoint:
             object.__setattr__(self, "first_high", self.index)
 
 
-def _scores(ranks: np.ndarray, min_size: int) -> np.ndarray:
+def split_scores(ranks: np.ndarray, min_size: int) -> np.ndarray:
     """Standardized Mann-Whitney statistic of every split k (runs [k:] against [:k]), rows of `ranks` at once."""
     n = ranks.shape[-1]
     k = np.arange(min_size, n - min_size + 1)
@@ -72,10 +72,10 @@ def best_split(values: Sequence[float], *, min_size: int = 3, permutations: int 
         return None
     rng = rng or np.random.default_rng(0)
     ranks = _ranks(x)
-    observed = np.abs(_scores(ranks, min_size))
+    observed = np.abs(split_scores(ranks, min_size))
     best = int(np.argmax(observed))
     shuffled = np.array([rng.permutation(ranks) for _ in range(permutations)])
-    null = np.abs(_scores(shuffled, min_size)).max(axis=1)
+    null = np.abs(split_scores(shuffled, min_size)).max(axis=1)
     p = (1 + int(np.sum(null >= observed[best] - 1e-12))) / (permutations + 1)
     return best + min_size, p
 
