@@ -362,7 +362,7 @@ def test_against_a_revision_fails_only_the_slower_scenario_and_reports_one_sided
 @pytest.mark.parametrize("args, needle", [
     (["--bench-against", "no-such-rev"], "*revision 'no-such-rev' is unknown here*"),
     (["--bench-against", "HEAD", "--bench-compare", "main"], "*does not mix with a stored baseline*"),
-    (["--bench-against", "HEAD", "--bench-rounds", "2"], "*needs at least 3 rounds and 1 pair per round, got 2 and 4*"),
+    (["--bench-against", "HEAD", "--bench-rounds", "2"], "*needs at least 3 rounds and 1 pair per round, got 2 and 2*"),
     (["--bench-against", "HEAD", "--bench-rounds", "6", "--bench-max-rounds", "5"],
      "*--bench-max-rounds (5) must be at least --bench-rounds (6)*"),
     (["--bench-against", "HEAD", "--bench-worker-pairs", "2"], "*--bench-worker-pairs needs at least 3 pairs*"),

@@ -35,10 +35,11 @@ class AgainstConfig:
     """
 
     rev: str | None          # None: this tree, compared in another interpreter (`python`)
-    rounds: int = 12         # 12 x (1 first call + 4 pairs) x 2 sides = 120 calls at the first look
-    pairs: int = 4
-    forked_pairs: int = 3    # process mode's forked rounds: each round also pays a fork and the test item, so its
-                             # fourth pair bought less power than it cost (docs/side-by-side.md)
+    rounds: int = 12         # 12 x (1 first call + 2 pairs x 2 calls) x 2 sides = 120 calls at the first look
+    pairs: int = 2           # each sample after a call of its own step left pairs so alike in one process that a
+                             # third and fourth bought less than they cost (docs/side-by-side.md)
+    forked_pairs: int = 3    # process mode's forked rounds: with 2, a loaded machine's matmul A/A spread 4% and
+                             # +10% was found in 10 of 12 (docs/side-by-side.md)
     warmup: int = 0          # calls after the first, whatever they take; `warm_ms` is what settles an instance
     warm_ms: float = ROUND_WARM_MS   # each instance's first call and untimed calls after it take this long at least
     seed: int = 0
