@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -76,9 +77,19 @@ while True:
 '''
 
 
-def pair_estimate(kind: str, mode: str, rounds: int, pairs: int, seed: int) -> list[float]:
-    procs = [subprocess.Popen([sys.executable, "-c", SERVER, kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, bufsize=1) for _ in range(2)]
+SETTINGS = {   # how both servers of a pair are started: what a server's children might inherit as its bias
+    "as-is": ([], {}),
+    "hashseed": ([], {"PYTHONHASHSEED": "0"}),                         # the same str hashes in every server
+    "noaslr": (["setarch", os.uname().machine, "-R"], {}),            # the same addresses in every server
+    "both": (["setarch", os.uname().machine, "-R"], {"PYTHONHASHSEED": "0"}),
+}
+
+
+def pair_estimate(kind: str, mode: str, rounds: int, pairs: int, seed: int, setting: str = "as-is") -> list[float]:
+    prefix, env = SETTINGS[setting]
+    procs = [subprocess.Popen([*prefix, sys.executable, "-c", SERVER, kind], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, bufsize=1, env={**os.environ, **env})
+             for _ in range(2)]
 
     def ask(p, cmd):
         p.stdin.write(cmd + "\n")
@@ -117,16 +128,18 @@ def main() -> None:
     ap.add_argument("--servers", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--settings", default="as-is", help=f"how servers start, any of {','.join(SETTINGS)}")
     ns = ap.parse_args()
     print(f"{ns.servers} pairs of servers x {ns.rounds} rounds x {ns.pairs} pairs, A/A, one thread")
-    for kind in ns.workloads.split(","):
-        for mode in ns.modes.split(","):
+    for kind, mode, setting in [(k, m, s) for k in ns.workloads.split(",") for m in ns.modes.split(",")
+                                for s in ns.settings.split(",")]:
+        if True:
             t0 = time.monotonic()
-            per = [pair_estimate(kind, mode, ns.rounds, ns.pairs, s) for s in range(ns.servers)]
+            per = [pair_estimate(kind, mode, ns.rounds, ns.pairs, s, setting) for s in range(ns.servers)]
             one_round = statistics.stdev([x for r in per for x in r])
             means = [statistics.mean(r) for r in per]
             within = statistics.mean(statistics.stdev(r) for r in per)
-            print(f"{kind:7s} {mode:8s}: sd of one round {one_round * 100:5.2f}% (within a pair of servers "
+            print(f"{kind:7s} {mode:8s} {setting:8s}: sd of one round {one_round * 100:5.2f}% (within a pair of servers "
                   f"{within * 100:5.2f}%); sd of a server pair's estimate {statistics.stdev(means) * 100:5.2f}% "
                   f"(fresh rounds would give {within / math.sqrt(ns.rounds) * 100:5.2f}%); mean ratio "
                   f"{math.exp(statistics.mean(means)):.4f}; {time.monotonic() - t0:.0f} s", flush=True)

@@ -283,9 +283,10 @@ class _FakeServer:
     """A side's server as the parent sees it: asked for a round (or its end), then waited for; `log` keeps the
     order of both servers' events."""
 
-    def __init__(self, side, ms, fail_at=None, log=None):
+    def __init__(self, side, ms, fail_at=None, log=None, samples=None):
         self.side, self.ms, self.fail_at, self.builds, self.closed, self.ends = side, ms, fail_at, 0, False, 0
         self.log = log if log is not None else []
+        self.samples = samples   # both servers' samples in order: (side, ahead)
         self.asked = []   # per sample: whether an untimed call of the step was asked for ahead of it
 
     def wait_ready(self):
@@ -303,6 +304,8 @@ class _FakeServer:
     def sample(self, ahead=False):
         from bench_core.timing.sampling import Sample
         self.asked.append(ahead)
+        if self.samples is not None:
+            self.samples.append((self.side, ahead))
         return Sample(self.ms, None)
 
     def warm(self, ms):
@@ -409,10 +412,17 @@ def test_unchanged_or_faster_looking_code_stops_at_the_first_look(cand_ms):
 def test_a_served_pair_sample_asks_its_server_for_a_call_of_its_own_step_first_and_a_first_call_does_not():
     from bench_core.timing.protocol import run_served
 
-    servers = {"baseline": _FakeServer("baseline", 2.0), "candidate": _FakeServer("candidate", 3.0)}
-    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2, warmup=1)
-    for server in servers.values():   # per round: the first call, one warmup call, then two pairs' samples
-        assert server.asked == [False, False, True, True] * 3
+    samples = []
+    servers = {side: _FakeServer(side, ms, samples=samples) for side, ms in (("baseline", 2.0), ("candidate", 3.0))}
+    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=3, warmup=1)
+    assert len(samples) == 3 * (2 + 2 + 6)   # per round: a first call and a warmup call each, then three pairs
+    for r in range(3):
+        first, pairs = samples[10 * r:10 * r + 4], samples[10 * r + 4:10 * r + 10]
+        assert not any(ahead for _, ahead in first)
+        # mirrored pairs (A B, B A, A B) from the side that ran last: a call ahead only where the other side did
+        sides = [side for side, _ in pairs]
+        assert sides[0] == first[-1][0] and sides == [sides[0], sides[1], sides[1], sides[0], sides[0], sides[1]]
+        assert [ahead for _, ahead in pairs] == [False, True, False, True, False, True]
 
 
 def test_a_server_runs_the_untimed_call_ahead_of_a_sample_only_when_asked():
@@ -450,12 +460,42 @@ def test_a_fresh_instance_is_warmed_for_warm_ms_before_its_pairs_and_a_slow_one_
             def fn():   # a fresh instance's first four calls are 60% slow, as a forked child's were
                 n["calls"] += 1
                 calls.append(n["calls"])
+                order.append((calls, n["calls"]))
                 clock.advance_ms(first_calls_ms if n["calls"] <= 4 else settled_ms)
             return Instance(fn)
         return build
-    small, big = [], []
+    small, big, order = [], [], []
     res = run_rounds({"baseline": fresh(0.1, 0.16, small), "candidate": fresh(20.0, 20.0, big)},
                      Sampler("s", CpuBackend(), clock), rounds=3, pairs=2, warmup=0, warm_ms=10.0)
     assert [x for r in res.primary("baseline") for x in r] == pytest.approx([0.1] * 6)
     assert max(small) > 50                          # about 10 ms of 0.1 ms calls after the first
-    assert max(big) == 1 + 2 * 2                    # first call, then each of 2 samples after its own call
+    # the slow step: its first call, then only its 2 samples and a call ahead of each that follows the small one's
+    rounds = [i for i, (who, k) in enumerate(order) if who is big and k == 1] + [len(order)]
+    for start, end in zip(rounds, rounds[1:]):
+        calls = [who for who, _ in order[start:end]]
+        after_small = sum(1 for a, b in zip(calls, calls[1:]) if a is small and b is big)
+        assert calls.count(big) == 1 + 2 + after_small and after_small <= 2
+
+
+def test_a_short_step_takes_more_pairs_settled_by_round_zero_and_a_long_one_its_least():
+    from bench_core.timing.protocol import PAIRS_MAX, Instance, pairs_for, run_rounds
+
+    assert pairs_for(2, 40.0, 5.0) == 8 and pairs_for(2, 40.0, 30.0) == 2 and pairs_for(3, 40.0, 16.0) == 3
+    assert pairs_for(2, 40.0, 0.2) == PAIRS_MAX and pairs_for(2, 0.0, 0.2) == 2 and pairs_for(2, 40.0, 0.0) == 2
+
+    def pairs_taken(ms, first_ms):
+        clock = FakeClock()
+
+        def build(r):
+            n = {"calls": 0}
+
+            def fn():   # round 0's first calls are slow (a cold start): later rounds' fast ones change nothing
+                n["calls"] += 1
+                clock.advance_ms(first_ms if n["calls"] == 1 and r == 0 else ms)
+            return Instance(fn)
+        res = run_rounds({"baseline": build, "candidate": build}, Sampler("s", CpuBackend(), clock), rounds=3,
+                         pairs=2, pairs_ms=40.0)
+        return {len(r) for side in ("baseline", "candidate") for r in getattr(res, side)}
+    assert pairs_taken(2.0, 2.5) == {8}     # 40 ms / (2.5 + 2.5 ms) of first calls
+    assert pairs_taken(2.0, 10.0) == {2}    # round 0's first calls took 20 ms: 2 pairs, in every round
+    assert pairs_taken(17.0, 17.0) == {2}

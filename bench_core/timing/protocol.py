@@ -5,19 +5,25 @@ in rounds of fresh instances). A distributed rank uses both, with its barrier as
 Rounds, in more detail.
 
 Where timing noise lives on a shared machine (docs/measurements.md): the level of a whole run
-drifts, so the two sides alternate sample by sample in a seeded random order, and each pair's ratio
-cancels the drift. But each instance (each set of allocations) keeps a bias of its own of several
+drifts, so the two sides alternate sample by sample, in mirrored pairs that start on a seeded random
+side, and each pair's ratio cancels the drift. But each instance (each set of allocations) keeps a bias of its own of several
 percent on memory-bound and CNN work, so every round builds both sides anew, and the *round* is the
 unit of evidence: a round's estimate is the median log ratio of its pairs, and the interval comes
 from the spread of the round estimates (a t-interval with rounds - 1 degrees of freedom). The
 instance bias is then inside the interval instead of inside the answer.
 
 Each timed sample of a pair starts where a plain run's does, from a call of its own step (the caches, the
-last-level one above all, hold its data, and the core is awake): an untimed call of its own goes first
-(`ahead_of`), always, so that both sides make the same number of calls (a training step advances both alike, and a
-distributed rank's two configurations end equal). Without it a 0.1 ms step read 75% slower side by side in forked
-children than in a plain run, and a 17 ms memory-bound one 5-9% slower, so a ratio was pulled towards 1
-(a 4.4x slowdown read 2.8x; docs/side-by-side.md).
+last-level one above all, hold its data, and the core is awake). Without that a 0.1 ms step read 75% slower side
+by side in forked children than in a plain run, and a 17 ms memory-bound one 5-9% slower, so a ratio was pulled
+towards 1 (a 4.4x slowdown read 2.8x; docs/side-by-side.md). So the pairs of a round are mirrored (A B, B A, A B,
+...), the first starting with the side whose first call ran last, and a side's sample that follows the other
+side's call gets an untimed call of its own ahead of it (`ahead_of`): half the calls of an untimed call ahead of
+every sample. Where both sides must make the same number of calls (a distributed rank's two configurations end
+equal), `ahead="always"` puts one ahead of every sample.
+
+A short step's pair is cheap and noisy (a preemption is a large part of a 2 ms sample), so with `pairs_ms` a round
+takes more pairs than `pairs`, up to `PAIRS_MAX`, while round 0's two first calls say that fewer would take less
+than `pairs_ms` (`pairs_for`); every round then takes that many.
 
 A fresh instance also runs slower for its first calls (a forked child's copy-on-write faults, allocations touched
 for the first time): with `warm_ms`, each instance's first call is followed by untimed calls until the two have
@@ -28,6 +34,7 @@ The decision over the rounds is `deciding.rounds`. Pure apart from calling the b
 """
 from __future__ import annotations
 
+import math
 import random
 import sys
 from contextlib import nullcontext
@@ -199,6 +206,16 @@ def ahead_of(sampler: Sampler, inst: Instance, what: str) -> None:
 
 ROUND_WARM_MS = 10.0    # comparisons' `warm_ms`: a 0.1 ms step in a fresh fork ran 60% slow for its first four calls
 WARM_CALLS_MAX = 1000   # `warm_for`'s bound: a step whose calls return at once (queued device work) ends anyway
+ROUND_PAIRS_MS = 40.0   # comparisons' `pairs_ms`: a 1.6 ms matmul step gets 8 pairs, a 17 ms one its `pairs`
+PAIRS_MAX = 8
+
+
+def pairs_for(least: int, ms: float, first_calls_ms: float) -> int:
+    """Pairs a round takes: `least`, or more (up to PAIRS_MAX) while a pair, as long as the two sides' first
+    calls together (`first_calls_ms`, an overestimate of a settled pair), would take less than `ms` in all."""
+    if ms <= 0 or not first_calls_ms > 0:
+        return least
+    return max(least, min(PAIRS_MAX, math.ceil(ms / first_calls_ms)))
 
 
 def warm_for(sampler: Sampler, inst: Instance, ms: float, what: str) -> int:
@@ -226,12 +243,15 @@ def sample_of(sampler: Sampler, inst: Instance, what: str, ahead: bool) -> Sampl
 def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, *, rounds: int, pairs: int,
                warmup: int = 1, seed: int = 0, min_rounds: int = 3, extend_to: Sequence[int] = (),
                go_on: Callable[[Rounds], bool] | None = None, after_build: Callable[[int], Any] | None = None,
-               after_round: Callable[[int], Any] | None = None, warm_ms: float = 0.0) -> Rounds:
+               after_round: Callable[[int], Any] | None = None, warm_ms: float = 0.0, pairs_ms: float = 0.0,
+               ahead: str = "switch") -> Rounds:
     """`build[side](round)` makes a fresh instance of that side. Each round: build both (in random order),
     a first (cold) call and `warmup` more of each, kept out of the estimate, untimed calls while its first
-    call and they have taken less than `warm_ms` (never in a distributed rank: the ranks would disagree on
-    how many), then `pairs` pairs, each in a random order, each sample after an untimed call of its own step.
-    Nothing of the other side runs between a sample and the call ahead of it. A failure raises SideError.
+    call and they have taken less than `warm_ms`, then `pairs` pairs (more for a short step with `pairs_ms`),
+    mirrored, each sample after a call of its own step: the sample before it, or an untimed call ahead of it
+    (`ahead="switch"`: where the other side ran last; `"always"`: before every sample). Nothing of the other
+    side runs between a sample and the call before it. A distributed rank passes neither `warm_ms` nor
+    `pairs_ms` (the ranks would disagree on how many calls) and `ahead="always"`. A failure raises SideError.
     The rounds are the unit of evidence, so there must be `min_rounds` of them (3, for a spread with 2
     degrees of freedom), unless these rounds are one part of a larger unit (a pair of processes).
 
@@ -247,27 +267,47 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
         raise ValueError(f"side by side needs at least {min_rounds} rounds and 1 pair, got {rounds} and {pairs}")
     if list(extend_to) != sorted(set(extend_to)) or any(n <= rounds for n in extend_to):
         raise ValueError(f"later looks must grow past {rounds} rounds, got {list(extend_to)}")
+    if ahead not in ("switch", "always"):
+        raise ValueError(f"ahead must be 'switch' or 'always', got {ahead!r}")
     runner = _Runner(build, sampler, random.Random(seed), after_build, after_round,
-                     single=rounds == 1 and not extend_to)
+                     single=rounds == 1 and not extend_to, always_ahead=ahead == "always")
+    plan = _Plan(pairs, warmup, warm_ms, pairs_ms)
     with gc_frozen():
         for r in range(rounds):
-            runner.round(r, pairs, warmup, warm_ms)
+            runner.round(r, plan)
         for target in extend_to:
             if go_on is None or not go_on(runner.result(seed)):
                 break
             for r in range(len(runner.samples["baseline"]), target):
-                runner.round(r, pairs, warmup, warm_ms)
+                runner.round(r, plan)
     return runner.result(seed)
+
+
+@dataclass
+class _Plan:
+    """What each round takes; `pairs` is settled by round 0 where `pairs_ms` asks for more for a short step."""
+
+    pairs: int
+    warmup: int
+    warm_ms: float
+    pairs_ms: float
+    settled: bool = False
+
+    def settle(self, first_calls_ms: float) -> None:
+        if not self.settled:
+            self.pairs, self.settled = pairs_for(self.pairs, self.pairs_ms, first_calls_ms), True
 
 
 class _Runner:
     """The state of a side-by-side run as its rounds go by."""
 
     def __init__(self, build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, rng: random.Random,
-                 after_build=None, after_round=None, single: bool = False):
+                 after_build=None, after_round=None, single: bool = False, always_ahead: bool = False):
         self.build, self.sampler, self.rng = build, sampler, rng
         self.after_build, self.after_round = after_build, after_round
         self.single = single   # one round only: its samples are named without a round number
+        self.always_ahead = always_ahead
+        self.last: str | None = None   # the side whose step ran last (on this machine, in whichever process)
         self.samples: dict[str, list[tuple[Sample, ...]]] = {s: [] for s in SIDES}
         self.cold: dict[str, list[Sample]] = {s: [] for s in SIDES}
         self.load_ms: dict[str, float | None] = {s: None for s in SIDES}
@@ -277,9 +317,14 @@ class _Runner:
     def timed(self, side: str, what: str, ahead: bool = False) -> Sample:
         """A sample of `side`; with `ahead`, after an untimed call of its own step (`ahead_of`)."""
         i = self.inst[side]
+        self.last = side
         if i.remote is not None:
             return on_side(side, lambda: i.remote(ahead))
         return on_side(side, lambda: sample_of(self.sampler, i, what, ahead))
+
+    def paired(self, side: str, what: str) -> Sample:
+        """A pair's sample of `side`, after a call of its own step: the one before it, or one ahead of it."""
+        return self.timed(side, what, ahead=self.always_ahead or self.last != side)
 
     def warmed(self, side: str, ms: float, what: str) -> None:
         i = self.inst[side]
@@ -290,7 +335,7 @@ class _Runner:
         elif i.remote is None:
             on_side(side, lambda: warm_for(self.sampler, i, ms, what))
 
-    def round(self, r: int, pairs: int, warmup: int, warm_ms: float = 0.0) -> None:
+    def round(self, r: int, plan: _Plan) -> None:
         of = "" if self.single else f" of round {r}"
         for side in self.rng.sample(SIDES, 2):
             self.inst[side] = on_side(side, lambda: self.sampler.call(f"building round {r}",
@@ -306,15 +351,18 @@ class _Runner:
             self.after_build(r)
         for side in self.rng.sample(SIDES, 2):
             self.cold[side].append(self.timed(side, f"the first call{of}"))
-            self.warmed(side, warm_ms - self.cold[side][-1].primary_ms, f"round {r}")
-        for w in range(warmup):
+            self.warmed(side, plan.warm_ms - self.cold[side][-1].primary_ms, f"round {r}")
+        plan.settle(sum(self.cold[s][-1].primary_ms for s in SIDES))
+        for w in range(plan.warmup):
             for side in self.rng.sample(SIDES, 2):
                 self.timed(side, f"warmup {w}{of}")
         got: dict[str, list[Sample]] = {s: [] for s in SIDES}
+        order = [self.last, *(s for s in SIDES if s != self.last)]
         with gc_paused():
-            for p in range(pairs):
-                for side in self.rng.sample(SIDES, 2):
-                    got[side].append(self.timed(side, f"pair {p}{of}", ahead=True))
+            for p in range(plan.pairs):
+                for side in order:
+                    got[side].append(self.paired(side, f"pair {p}{of}"))
+                order.reverse()
         for side in SIDES:
             self.samples[side].append(tuple(got[side]))
         if self.after_round is not None:

@@ -363,7 +363,7 @@ def ab_rank(me: _Rank) -> dict:
 
     res = run_rounds({s: builder(s) for s in SIDES}, me.sampler, rounds=spec["rounds"], pairs=spec["pairs"],
                      warmup=spec["warmup"], seed=spec.get("seed", 0), min_rounds=1, after_build=after_build,
-                     after_round=after_round)
+                     after_round=after_round, ahead="always")
     everyone = me.gathered({side: {"cold_host_ms": res.cold[side][0].host_ms, "cold_gpu_ms": res.cold[side][0].gpu_ms,
                                    "as_built": built[side],
                                    "rounds": [_ms(rnd, me.on_gpu) for rnd in getattr(res, side)]} for side in SIDES})

@@ -16,7 +16,7 @@ from bench_core.deciding.sequential import planned_looks, possible_slowdown
 from bench_core.deciding.verdicts import FASTER, SLOWER
 from bench_core.timing.backends import CpuBackend, backend_for
 from bench_core.timing.counts import QUICK
-from bench_core.timing.protocol import (ROUND_WARM_MS, SideError, on_side, run_processes, run_rounds, run_served,
+from bench_core.timing.protocol import (PAIRS_MAX, ROUND_PAIRS_MS, ROUND_WARM_MS, SideError, on_side, run_processes, run_rounds, run_served,
                                         with_servers)
 from bench_core.timing.sampling import Sampler, set_threads
 from bench_core.workflows.side_by_side.fidelity import kept_note
@@ -42,6 +42,7 @@ class AgainstConfig:
                              # +10% was found in 10 of 12 (docs/side-by-side.md)
     warmup: int = 0          # calls after the first, whatever they take; `warm_ms` is what settles an instance
     warm_ms: float = ROUND_WARM_MS   # each instance's first call and untimed calls after it take this long at least
+    pairs_ms: float = ROUND_PAIRS_MS  # more pairs (up to PAIRS_MAX) for a step whose pairs would take less
     seed: int = 0
     threshold: float = 0.02
     max_rounds: int | None = None
@@ -84,6 +85,11 @@ class AgainstConfig:
         if quick:
             return (QUICK.rounds,)
         return planned_looks(self.rounds, self.max_rounds, self.rounds)
+
+
+def _pairs_said(pairs: int, a: AgainstConfig) -> str:
+    more = f" (more, up to {PAIRS_MAX}, where {pairs} would take under {a.pairs_ms:g} ms)" if a.pairs_ms > 0 else ""
+    return f"{pairs} pairs{more}"
 
 
 def open_revision(session, root: Path) -> None:
@@ -139,10 +145,10 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
     def sides(judge):
         return run_rounds(build, Sampler(scenario.name, backend or backend_for(session.config.device), clock),
                           rounds=looks[0], pairs=pairs, warmup=a.warmup, warm_ms=a.warm_ms, seed=a.seed,
-                          extend_to=looks[1:], go_on=judge.go_on)
+                          extend_to=looks[1:], go_on=judge.go_on, pairs_ms=a.pairs_ms)
     how = (f"{looks[0]} rounds" if len(looks) == 1 else
            f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
-    return _side_by_side(session, scenario, live, sides, f"{how} x {pairs} pairs, fresh instances every round, one "
+    return _side_by_side(session, scenario, live, sides, f"{how} x {_pairs_said(pairs, a)}, fresh instances every round, one "
                                                          f"process", items, proof, clock, backend, looks,
                          signatures=signatures, explain=explain,
                          instructions=None if servers is None else lambda: count_instructions(session, scenario.name,
@@ -183,7 +189,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
 
         def rounds_then_profile(servers, judge):
             res = run_served(servers, sampler, rounds=looks[0], pairs=pairs, warmup=a.warmup, warm_ms=a.warm_ms,
-                             seed=a.seed, extend_to=looks[1:], go_on=judge.go_on)
+                             seed=a.seed, extend_to=looks[1:], go_on=judge.go_on, pairs_ms=a.pairs_ms)
             if not quick and judge(res, "host").verdict in (SLOWER, FASTER):
                 profiled.extend(_profile_served(session, scenario.name, servers))
             return res
@@ -195,7 +201,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
             return res
         how = (f"{looks[0]} rounds" if len(looks) == 1 else
                f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown")
-        return _side_by_side(session, scenario, live, run, f"{how} x {pairs} pairs, each side a pytest process "
+        return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, each side a pytest process "
                                                            f"of its own, every round in freshly forked children"
                                                            f"{malloc}",
                              items, proof, None, None, looks, cold=cold,
