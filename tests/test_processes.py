@@ -190,6 +190,28 @@ def test_every_round_rebuilds_the_tests_own_fixtures_and_the_modules_are_built_o
     assert all(r[0]["malloc"] == {} for r in rec["code"]["processes_ran"].values())
 
 
+
+def test_one_process_pins_glibc_malloc_thresholds_in_itself_and_says_so(pytester, monkeypatch):
+    """Where one process holds both sides, its own glibc malloc thresholds are fixed as the servers' are (a step
+    that frees large blocks then reuses them on every call, not on some); 'as-is', or the user's own setting,
+    leaves them alone, and the method line says which."""
+    from bench_core.workflows.worker import PINNED_MALLOC, pin_malloc
+
+    for name in PINNED_MALLOC:
+        monkeypatch.delenv(name, raising=False)
+    pytester.makeconftest(PARAMETRIZED.format(scale=1.0))
+    pytester.makepyfile(test_p=PARAM_TEST.replace(", ids=[\"f32\", \"bf16\"]", "").replace("torch.bfloat16", "1.0"))
+    commit_all(pytester.path)
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-quick")
+    res.assert_outcomes(passed=2)
+    assert all("one process, glibc malloc thresholds pinned" in r["method"] for r in doc["against"]["scenarios"])
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-quick", "--bench-against-malloc", "as-is",
+                        out="out-as-is")
+    assert not any("malloc" in r["method"] for r in doc["against"]["scenarios"])
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    assert pin_malloc() is False                      # the user's own setting stands
+
+
 SIZED = CONFTEST + '''
 import pytest
 

@@ -80,8 +80,8 @@ def _against_options() -> tuple[Option, ...]:
         Option(AGAINST, "measure every scenario side by side with git revision REV in this run, and decide each",
                str, metavar="REV"),
         Option(ROUNDS, f"with --bench-against: rounds of fresh instances ({a('rounds')})", int),
-        Option(PAIRS, f"with --bench-against: alternated pairs per round ({a('pairs')} in one process, "
-                      f"{a('forked_pairs')} in process mode's forked rounds; given, it sets both)", int),
+        Option(PAIRS, f"with --bench-against: alternated pairs per round, at least ({a('pairs')}; a step whose "
+                      f"pairs would take under {a('pairs_ms')} ms gets more, up to 8)", int),
         Option(WORKER_PAIRS, f"with --bench-against, for code that cannot be loaded twice into one process: pairs of "
                              f"worker processes, the unit of evidence there ({a('processes')}; {a('quick_processes')} "
                              f"under --bench-quick); each pair serves every such scenario in turn", int, metavar="N"),
@@ -90,10 +90,11 @@ def _against_options() -> tuple[Option, ...]:
         Option(AGAINST_PYTHON, "run the revision's side in this interpreter (another virtual environment: did the "
                                "torch upgrade slow my model?); alone, without --bench-against, the revision is this "
                                "tree, so the two sides differ only in their environments", str, metavar="PYTHON"),
-        Option(AGAINST_MALLOC, f"with --bench-against, in process mode ({a('malloc')}): 'pinned' fixes glibc "
-                               f"malloc's thresholds in both sides' processes, so that a process does not draw its own "
-                               f"way of reusing freed memory (an 11-13% spread per round on a memory-bound step, "
-                               f"docs/side-by-side.md); 'as-is' leaves them to glibc", str, choices=("pinned", "as-is")),
+        Option(AGAINST_MALLOC, f"with --bench-against ({a('malloc')}): 'pinned' fixes glibc malloc's thresholds in "
+                               f"both sides' processes, or in this one where it holds both, so that a process does not "
+                               f"draw its own way of reusing freed memory (an 11-13% spread per round on a memory-bound "
+                               f"step, docs/side-by-side.md); 'as-is' leaves them to glibc", str,
+               choices=("pinned", "as-is")),
         Option(SERVE, "(used by --bench-against's process mode) serve test items to the process that started this "
                       "one, over pipe descriptors R,W", str, metavar="R,W"),
         Option(MAX_ROUNDS, "with --bench-against: a possible slowdown the first look leaves undecided runs on, a look "
@@ -284,7 +285,7 @@ def against_config(value: Values):
         return None
     from bench_core.workflows.side_by_side.compare import AgainstConfig
 
-    kw = {k: value(flag) for k, flag in (("rounds", ROUNDS), ("pairs", PAIRS), ("forked_pairs", PAIRS),
+    kw = {k: value(flag) for k, flag in (("rounds", ROUNDS), ("pairs", PAIRS),
                                          ("max_rounds", MAX_ROUNDS),
                                          ("processes", WORKER_PAIRS), ("quick_processes", WORKER_PAIRS),
                                          ("threshold", THRESHOLD))}

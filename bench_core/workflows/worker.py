@@ -506,6 +506,23 @@ class WorkerPool:
 PINNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
+
+
+def pin_malloc() -> bool:
+    """PINNED_MALLOC's thresholds fixed in this running process (glibc's `mallopt`, whose int caps the trim
+    threshold at 2 GB), for the comparisons it holds both sides of: True where they now are; False where the user
+    set them, or the C library is not glibc (it has no mallopt, or refuses)."""
+    if any(k in os.environ for k in PINNED_MALLOC):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 and mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1
+
+
 def server_env(roots: list[str], malloc: str = "pinned") -> dict[str, str]:
     """The server's environment: its tree's import roots first, so the project's modules come from that tree even
     where the project is installed (editable) from the current one; glibc malloc's thresholds fixed (`malloc`

@@ -35,11 +35,9 @@ class AgainstConfig:
     """
 
     rev: str | None          # None: this tree, compared in another interpreter (`python`)
-    rounds: int = 12         # 12 x (1 first call + 2 pairs x 2 calls) x 2 sides = 120 calls at the first look
-    pairs: int = 2           # each sample after a call of its own step left pairs so alike in one process that a
-                             # third and fourth bought less than they cost (docs/side-by-side.md)
-    forked_pairs: int = 3    # process mode's forked rounds: with 2, a loaded machine's matmul A/A spread 4% and
-                             # +10% was found in 10 of 12 (docs/side-by-side.md)
+    rounds: int = 12         # 12 x (1 first call + 2 samples + 1 call ahead) x 2 sides: 96 calls at the first look
+    pairs: int = 2           # the least: with each sample after a call of its own step, a third and fourth pair of
+                             # a 17-20 ms step bought less than they cost; a short step gets more (`pairs_ms`)
     warmup: int = 0          # calls after the first, whatever they take; `warm_ms` is what settles an instance
     warm_ms: float = ROUND_WARM_MS   # each instance's first call and untimed calls after it take this long at least
     pairs_ms: float = ROUND_PAIRS_MS  # more pairs (up to PAIRS_MAX) for a step whose pairs would take less
@@ -54,11 +52,9 @@ class AgainstConfig:
     malloc: str = "pinned"         # process mode: glibc malloc's thresholds fixed in both sides' servers, or "as-is"
 
     def __post_init__(self):
-        fewest = min(self.pairs, self.forked_pairs)
-        if self.rounds < 3 or fewest < 1:
+        if self.rounds < 3 or self.pairs < 1:
             raise ValueError(f"--bench-against needs at least 3 rounds and 1 pair per round, got {self.rounds} "
-                             f"and {self.pairs if fewest >= 1 else fewest} (the interval comes from the spread between "
-                             f"rounds)")
+                             f"and {self.pairs} (the interval comes from the spread between rounds)")
         if min(self.processes, self.quick_processes) < 3:
             raise ValueError(f"--bench-worker-pairs needs at least 3 pairs of processes, got "
                              f"{min(self.processes, self.quick_processes)} (the interval comes from the spread between "
@@ -87,16 +83,24 @@ class AgainstConfig:
         return planned_looks(self.rounds, self.max_rounds, self.rounds)
 
 
+def _malloc_said(session) -> str:
+    return ", glibc malloc thresholds pinned" if session.malloc_pinned else ""
+
+
 def _pairs_said(pairs: int, a: AgainstConfig) -> str:
     more = f" (more, up to {PAIRS_MAX}, where {pairs} would take under {a.pairs_ms:g} ms)" if a.pairs_ms > 0 else ""
     return f"{pairs} pairs{more}"
 
 
 def open_revision(session, root: Path) -> None:
-    """Extract --bench-against's revision and make it importable beside the current code."""
+    """Extract --bench-against's revision and make it importable beside the current code; glibc malloc's
+    thresholds pinned in this process, as in process mode's servers (`--bench-against-malloc`), so that a step
+    that frees large blocks does not fault them in afresh on some calls and not others as the thresholds move."""
     from bench_core.workflows.side_by_side.revisions import LoadedRevision
+    from bench_core.workflows.worker import pin_malloc
 
     session.revision = LoadedRevision(root, session.config.against.rev)
+    session.malloc_pinned = session.config.against.malloc == "pinned" and pin_malloc()
 
 
 def worker_pool(session):
@@ -149,7 +153,7 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
     how = (f"{looks[0]} rounds" if len(looks) == 1 else
            f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
     return _side_by_side(session, scenario, live, sides, f"{how} x {_pairs_said(pairs, a)}, fresh instances every round, one "
-                                                         f"process", items, proof, clock, backend, looks,
+                                                         f"process{_malloc_said(session)}", items, proof, clock, backend, looks,
                          signatures=signatures, explain=explain,
                          instructions=None if servers is None else lambda: count_instructions(session, scenario.name,
                                                                                              servers()))
@@ -176,7 +180,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     release = _release_to(pool, lambda side, report: ran[side].append(report))
 
     if can_fork(session.config.device):
-        looks, pairs = a.looks(quick), QUICK.pairs if quick else a.forked_pairs
+        looks, pairs = a.looks(quick), QUICK.pairs if quick else a.pairs
         # the servers warm up before they fork, so a child's first call is not a cold start: that is observed here,
         # on this process's own instance of the current side, as a plain run observes it
         first = Sampler(scenario.name, backend_for(session.config.device))
