@@ -1,7 +1,7 @@
 """How good is `bench-core bisect` on real timings? A throwaway repository of 16 commits after GOOD with two real
 workloads, one slowed by 25% at one commit and the other by 10% at another, and A/A ranges where nothing changes.
 
-    python quality/bisect_quality.py [--aa 30] [--found 3]
+    python quality/bisect_quality.py [--aa 30] [--found 3] [--scenarios mm,mem]
 
 Each bisect is `bench-core bisect GOOD BAD -k NAME -- benchmarks --bench-threads 1` (the suite's defaults
 otherwise). Reported: for each slowed scenario, the commit found against the true one and the decisions used
@@ -88,12 +88,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--aa", type=int, default=30, help="A/A ranges to bisect")
     ap.add_argument("--found", type=int, default=3, help="bisects of each slowed scenario")
+    ap.add_argument("--scenarios", default="mm,mem", help="the slowed scenarios to bisect (mm: +25%%, mem: +10%%)")
     ns = ap.parse_args()
     out: dict = {"found": {}, "aa": []}
     with tempfile.TemporaryDirectory(prefix="bisect-quality-") as tmp:
         root = Path(tmp) / "repo"
         shas = make_repo(root)
-        for name, at, size in (("mm", MM_AT, "25%"), ("mem", MEM_AT, "10%")):
+        for name, at, size in [c for c in (("mm", MM_AT, "25%"), ("mem", MEM_AT, "10%"))
+                               if c[0] in ns.scenarios.split(",")]:
             runs = [bisect(root, shas[0], shas[-1], name) for _ in range(ns.found)]
             out["found"][name] = {"true": shas[at], "size": size, "runs": runs}
             hits = sum(r["outcome"] == "found" and r["first_bad"] == shas[at] for r in runs)
