@@ -34,32 +34,35 @@ def test_interleaving_cancels_drift_that_would_fool_separate_runs():
     assert len(res.baseline_ms) == len(res.candidate_ms) == 40
 
 
-def _mirrored(first_calls, pairs):
+def _mirrored(first_calls, pairs, always_ahead=False):
     """The calls a round makes after its first calls: mirrored pairs, starting with the side that ran last, and
-    an untimed call ahead of a sample only where the other side ran last."""
+    an untimed call ahead of a sample where the other side ran last (or of every sample)."""
     last, out = first_calls[-1], []
     order = [last, "B" if last == "A" else "A"]
     for _ in range(pairs):
         for side in order:
-            out += [side] if side == last else [side, side]
+            out += [side] if side == last and not always_ahead else [side, side]
             last = side
         order.reverse()
     return out
 
 
-def test_pairs_are_mirrored_start_on_a_seeded_side_and_follow_their_own_call():
+@pytest.mark.parametrize("ms", [15.0, 1.0])
+def test_pairs_are_mirrored_start_on_a_seeded_side_and_follow_their_own_call(ms):
+    # 15 ms: the sample before is the call of its own step where it can be; 1 ms (two first calls under 20 ms
+    # together): a short step, whose every sample gets its call ahead, which costs little there
     clock = FakeClock()
     calls = []
-    a = lambda: (calls.append("A"), clock.advance_ms(1))
-    b = lambda: (calls.append("B"), clock.advance_ms(1))
+    a = lambda: (calls.append("A"), clock.advance_ms(ms))
+    b = lambda: (calls.append("B"), clock.advance_ms(ms))
     starts = set()
     for seed in range(8):
         calls.clear()
         ab(a, b, clock=clock, repeats=20, warmup=0, seed=seed)
         assert sorted(calls[:2]) == ["A", "B"]
-        pairs = _mirrored(calls[:2], 20)
-        assert calls[2:2 + len(pairs)] == pairs              # 20 timed and 10 untimed calls a side, not 20 and 20
-        assert pairs.count("A") == pairs.count("B") == 30
+        pairs = _mirrored(calls[:2], 20, always_ahead=ms < 10)
+        assert calls[2:2 + len(pairs)] == pairs              # long: 20 timed and 10 untimed calls a side
+        assert pairs.count("A") == pairs.count("B") == (30 if ms > 10 else 40)
         starts.add(calls[2])
         first = list(calls)
         calls.clear()

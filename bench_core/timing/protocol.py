@@ -18,8 +18,11 @@ by side in forked children than in a plain run, and a 17 ms memory-bound one 5-9
 towards 1 (a 4.4x slowdown read 2.8x; docs/side-by-side.md). So the pairs of a round are mirrored (A B, B A, A B,
 ...), the first starting with the side whose first call ran last, and a side's sample that follows the other
 side's call gets an untimed call of its own ahead of it (`ahead_of`): half the calls of an untimed call ahead of
-every sample. Where both sides must make the same number of calls (a distributed rank's two configurations end
-equal), `ahead="always"` puts one ahead of every sample.
+every sample. A short step (round 0's two first calls under `SHORT_MS` together) gets the call ahead of every
+sample all the same: the call costs little there, and a sample after its own one, across the gap in which the
+parent asked for it, is not back to back (a 0.11 ms step read 0.127 ms so, 0.114 ms with the call ahead). Where
+both sides must make the same number of calls (a distributed rank's two configurations end equal),
+`ahead="always"` puts one ahead of every sample whatever the step.
 
 A short step's pair is cheap and noisy (a preemption is a large part of a 2 ms sample), so with `pairs_ms` a round
 takes more pairs than `pairs`, up to `PAIRS_MAX`, while round 0's two first calls say that fewer would take less
@@ -208,6 +211,7 @@ ROUND_WARM_MS = 10.0    # comparisons' `warm_ms`: a 0.1 ms step in a fresh fork 
 WARM_CALLS_MAX = 1000   # `warm_for`'s bound: a step whose calls return at once (queued device work) ends anyway
 ROUND_PAIRS_MS = 40.0   # comparisons' `pairs_ms`: a 1.6 ms matmul step gets 8 pairs, a 17 ms one its `pairs`
 PAIRS_MAX = 8
+SHORT_MS = 20.0         # round 0's two first calls under this together: a call ahead of every sample (see above)
 
 
 def pairs_for(least: int, ms: float, first_calls_ms: float) -> int:
@@ -249,7 +253,8 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     a first (cold) call and `warmup` more of each, kept out of the estimate, untimed calls while its first
     call and they have taken less than `warm_ms`, then `pairs` pairs (more for a short step with `pairs_ms`),
     mirrored, each sample after a call of its own step: the sample before it, or an untimed call ahead of it
-    (`ahead="switch"`: where the other side ran last; `"always"`: before every sample). Nothing of the other
+    (`ahead="switch"`: where the other side ran last, or always for a short step; `"always"`: before every
+    sample). Nothing of the other
     side runs between a sample and the call before it. A distributed rank passes neither `warm_ms` nor
     `pairs_ms` (the ranks would disagree on how many calls) and `ahead="always"`. A failure raises SideError.
     The rounds are the unit of evidence, so there must be `min_rounds` of them (3, for a spread with 2
@@ -270,8 +275,8 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     if ahead not in ("switch", "always"):
         raise ValueError(f"ahead must be 'switch' or 'always', got {ahead!r}")
     runner = _Runner(build, sampler, random.Random(seed), after_build, after_round,
-                     single=rounds == 1 and not extend_to, always_ahead=ahead == "always")
-    plan = _Plan(pairs, warmup, warm_ms, pairs_ms)
+                     single=rounds == 1 and not extend_to)
+    plan = _Plan(pairs, warmup, warm_ms, pairs_ms, always_ahead=ahead == "always")
     with gc_frozen():
         for r in range(rounds):
             runner.round(r, plan)
@@ -285,28 +290,30 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
 
 @dataclass
 class _Plan:
-    """What each round takes; `pairs` is settled by round 0 where `pairs_ms` asks for more for a short step."""
+    """What each round takes, settled by round 0's first calls: `pairs` (more for a short step where `pairs_ms`
+    asks) and whether every sample gets a call ahead (a short step's do)."""
 
     pairs: int
     warmup: int
     warm_ms: float
     pairs_ms: float
+    always_ahead: bool = False
     settled: bool = False
 
     def settle(self, first_calls_ms: float) -> None:
         if not self.settled:
             self.pairs, self.settled = pairs_for(self.pairs, self.pairs_ms, first_calls_ms), True
+            self.always_ahead = self.always_ahead or first_calls_ms < SHORT_MS
 
 
 class _Runner:
     """The state of a side-by-side run as its rounds go by."""
 
     def __init__(self, build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, rng: random.Random,
-                 after_build=None, after_round=None, single: bool = False, always_ahead: bool = False):
+                 after_build=None, after_round=None, single: bool = False):
         self.build, self.sampler, self.rng = build, sampler, rng
         self.after_build, self.after_round = after_build, after_round
         self.single = single   # one round only: its samples are named without a round number
-        self.always_ahead = always_ahead
         self.last: str | None = None   # the side whose step ran last (on this machine, in whichever process)
         self.samples: dict[str, list[tuple[Sample, ...]]] = {s: [] for s in SIDES}
         self.cold: dict[str, list[Sample]] = {s: [] for s in SIDES}
@@ -322,9 +329,9 @@ class _Runner:
             return on_side(side, lambda: i.remote(ahead))
         return on_side(side, lambda: sample_of(self.sampler, i, what, ahead))
 
-    def paired(self, side: str, what: str) -> Sample:
+    def paired(self, side: str, what: str, always_ahead: bool) -> Sample:
         """A pair's sample of `side`, after a call of its own step: the one before it, or one ahead of it."""
-        return self.timed(side, what, ahead=self.always_ahead or self.last != side)
+        return self.timed(side, what, ahead=always_ahead or self.last != side)
 
     def warmed(self, side: str, ms: float, what: str) -> None:
         i = self.inst[side]
@@ -361,7 +368,7 @@ class _Runner:
         with gc_paused():
             for p in range(plan.pairs):
                 for side in order:
-                    got[side].append(self.paired(side, f"pair {p}{of}"))
+                    got[side].append(self.paired(side, f"pair {p}{of}", plan.always_ahead))
                 order.reverse()
         for side in SIDES:
             self.samples[side].append(tuple(got[side]))
