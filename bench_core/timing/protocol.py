@@ -4,13 +4,13 @@ in rounds of fresh instances). A distributed rank uses both, with its barrier as
 
 Rounds, in more detail.
 
-Where timing noise lives on a shared machine (docs/measurements.md): the level of a whole run
-drifts, so the two sides alternate sample by sample, in mirrored pairs that start on a seeded random
-side, and each pair's ratio cancels the drift. But each instance (each set of allocations) keeps a bias of its own of several
-percent on memory-bound and CNN work, so every round builds both sides anew, and the *round* is the
-unit of evidence: a round's estimate is the median log ratio of its pairs, and the interval comes
-from the spread of the round estimates (a t-interval with rounds - 1 degrees of freedom). The
-instance bias is then inside the interval instead of inside the answer.
+Where timing noise lives on a shared machine (docs/measurements.md): the level of a whole run drifts, so the
+two sides alternate sample by sample, in mirrored pairs that start on a seeded random side, and each pair's
+ratio cancels the drift. But each instance (each set of allocations) keeps a bias of its own of several
+percent on memory-bound and CNN work, so every round builds both sides anew, and the *round* is the unit of
+evidence: a round's estimate is the median log ratio of its pairs, and the interval comes from the spread of
+the round estimates (a t-interval with rounds - 1 degrees of freedom). The instance bias is then inside the
+interval instead of inside the answer.
 
 Each timed sample of a pair starts where a plain run's does, from a call of its own step (the caches, the
 last-level one above all, hold its data, and the core is awake). Without that a 0.1 ms step read 75% slower side
@@ -254,9 +254,9 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     call and they have taken less than `warm_ms`, then `pairs` pairs (more for a short step with `pairs_ms`),
     mirrored, each sample after a call of its own step: the sample before it, or an untimed call ahead of it
     (`ahead="switch"`: where the other side ran last, or always for a short step; `"always"`: before every
-    sample). Nothing of the other
-    side runs between a sample and the call before it. A distributed rank passes neither `warm_ms` nor
-    `pairs_ms` (the ranks would disagree on how many calls) and `ahead="always"`. A failure raises SideError.
+    sample). Nothing of the other side runs between a sample and the call before it. A distributed rank passes
+    neither `warm_ms` nor `pairs_ms` (the ranks would disagree on how many calls) and `ahead="always"`. A
+    failure raises SideError.
     The rounds are the unit of evidence, so there must be `min_rounds` of them (3, for a spread with 2
     degrees of freedom), unless these rounds are one part of a larger unit (a pair of processes).
 
@@ -298,12 +298,10 @@ class _Plan:
     warm_ms: float
     pairs_ms: float
     always_ahead: bool = False
-    settled: bool = False
 
     def settle(self, first_calls_ms: float) -> None:
-        if not self.settled:
-            self.pairs, self.settled = pairs_for(self.pairs, self.pairs_ms, first_calls_ms), True
-            self.always_ahead = self.always_ahead or first_calls_ms < SHORT_MS
+        self.pairs = pairs_for(self.pairs, self.pairs_ms, first_calls_ms)
+        self.always_ahead = self.always_ahead or first_calls_ms < SHORT_MS
 
 
 class _Runner:
@@ -359,7 +357,8 @@ class _Runner:
         for side in self.rng.sample(SIDES, 2):
             self.cold[side].append(self.timed(side, f"the first call{of}"))
             self.warmed(side, plan.warm_ms - self.cold[side][-1].primary_ms, f"round {r}")
-        plan.settle(sum(self.cold[s][-1].primary_ms for s in SIDES))
+        if r == 0:
+            plan.settle(sum(self.cold[s][-1].primary_ms for s in SIDES))
         for w in range(plan.warmup):
             for side in self.rng.sample(SIDES, 2):
                 self.timed(side, f"warmup {w}{of}")
@@ -436,5 +435,6 @@ def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *
     if processes < 3:
         raise ValueError(f"worker mode needs at least 3 pairs of processes, got {processes}")
     return [with_servers(spawn, k, lambda servers: run_served(servers, sampler, rounds=rounds, pairs=pairs,
-                                                              seed=seed + k, min_rounds=1, warm_ms=warm_ms), seed=seed, release=release)
+                                                              seed=seed + k, min_rounds=1, warm_ms=warm_ms),
+                         seed=seed, release=release)
             for k in range(processes)]

@@ -520,7 +520,9 @@ def pin_malloc() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 and mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1
+    trim = min(int(PINNED_MALLOC["MALLOC_TRIM_THRESHOLD_"]), 2 ** 31 - 1)
+    return (mallopt(M_MMAP_THRESHOLD, int(PINNED_MALLOC["MALLOC_MMAP_THRESHOLD_"])) == 1
+            and mallopt(M_TRIM_THRESHOLD, trim) == 1)
 
 
 def server_env(roots: list[str], malloc: str = "pinned") -> dict[str, str]:

@@ -16,8 +16,8 @@ from bench_core.deciding.sequential import planned_looks, possible_slowdown
 from bench_core.deciding.verdicts import FASTER, SLOWER
 from bench_core.timing.backends import CpuBackend, backend_for
 from bench_core.timing.counts import QUICK
-from bench_core.timing.protocol import (PAIRS_MAX, ROUND_PAIRS_MS, ROUND_WARM_MS, SideError, on_side, run_processes, run_rounds, run_served,
-                                        with_servers)
+from bench_core.timing.protocol import (PAIRS_MAX, ROUND_PAIRS_MS, ROUND_WARM_MS, SideError, on_side, run_processes,
+                                        run_rounds, run_served, with_servers)
 from bench_core.timing.sampling import Sampler, set_threads
 from bench_core.workflows.side_by_side.fidelity import kept_note
 
@@ -83,8 +83,8 @@ class AgainstConfig:
         return planned_looks(self.rounds, self.max_rounds, self.rounds)
 
 
-def _malloc_said(session) -> str:
-    return ", glibc malloc thresholds pinned" if session.malloc_pinned else ""
+def _malloc_said(pinned: bool) -> str:
+    return ", glibc malloc thresholds pinned" if pinned else ""
 
 
 def _pairs_said(pairs: int, a: AgainstConfig) -> str:
@@ -152,8 +152,9 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
                           extend_to=looks[1:], go_on=judge.go_on, pairs_ms=a.pairs_ms)
     how = (f"{looks[0]} rounds" if len(looks) == 1 else
            f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
-    return _side_by_side(session, scenario, live, sides, f"{how} x {_pairs_said(pairs, a)}, fresh instances every round, one "
-                                                         f"process{_malloc_said(session)}", items, proof, clock, backend, looks,
+    method = f"{how} x {_pairs_said(pairs, a)}, fresh instances every round, one process" + \
+        _malloc_said(session.malloc_pinned)
+    return _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks,
                          signatures=signatures, explain=explain,
                          instructions=None if servers is None else lambda: count_instructions(session, scenario.name,
                                                                                              servers()))
@@ -174,7 +175,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     pool = worker_pool(session)
     proof = dict(proof or {})
     ran = proof["processes_ran"] = {side: [] for side in sides}    # each server's own word on what it loaded
-    malloc = ", glibc malloc thresholds pinned" if a.malloc == "pinned" else ""
+    malloc = _malloc_said(a.malloc == "pinned")
     sampler = Sampler(scenario.name, CpuBackend())
     spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
     release = _release_to(pool, lambda side, report: ran[side].append(report))
@@ -205,9 +206,9 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
             return res
         how = (f"{looks[0]} rounds" if len(looks) == 1 else
                f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown")
-        return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, each side a pytest process "
-                                                           f"of its own, every round in freshly forked children"
-                                                           f"{malloc}",
+        return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, each side a pytest "
+                                                           f"process of its own, every round in freshly forked "
+                                                           f"children{malloc}",
                              items, proof, None, None, looks, cold=cold,
                              signatures=lambda: _served_signatures(session, scenario.name, ran),
                              explain=lambda: tuple(profiled),
