@@ -4,9 +4,6 @@ sibling module found on sys.path only after the revision was loaded."""
 import json
 import subprocess
 
-import pytest
-
-
 import fakes
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",

@@ -159,7 +159,8 @@ def test_concurrent_appends_lose_no_run(tmp_path):
     import multiprocessing as mp
 
     storage.save_baseline(tmp_path, "shared", [meas([1.0, 2.0], name="a")], ENV)
-    with mp.get_context("fork").Pool(4) as pool:          # joined and gone when the block ends
+    # spawn, not fork: forking this process, whose torch threads may hold a lock, can leave a child waiting on it
+    with mp.get_context("spawn").Pool(4) as pool:         # joined and gone when the block ends
         done = sum(pool.map(_append_many, [(tmp_path, w, 5) for w in range(4)]))
     assert done == 20 and len(storage.load_baseline(tmp_path, "shared")) == 21
 
