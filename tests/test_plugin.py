@@ -425,6 +425,8 @@ def test_isolated_unchanged(bench):
 
 
 def test_code_that_cannot_load_twice_is_compared_with_each_side_in_its_own_process(pytester):
+    import os
+
     from test_fidelity import CONFTEST
 
     pytester.makeconftest(CONFTEST)
@@ -435,6 +437,8 @@ def test_code_that_cannot_load_twice_is_compared_with_each_side_in_its_own_proce
     res.stdout.fnmatch_lines(["*scenario 'isolated': slower against revision 'HEAD'*"])
     out = " ".join(res.stdout.str().split())     # notes wrap at 120 columns
     assert "each side a pytest process of its own, every round in freshly forked children" in out
+    held = len(os.sched_getaffinity(0)) > 1    # one thread (the CPU default) leaves CPUs to draw from
+    assert ("both of a round's children held to the same CPU(s), drawn per round" in out) == held
     assert "process mode: 2 scenario(s) served by 2 pytest process(es), one per side and test file" in out
     (path,) = (pytester.path / ".bench" / "results").glob("session-*.json")
     rec = next(r for r in json.loads(path.read_text())["against"]["scenarios"] if r["scenario"] == "isolated")

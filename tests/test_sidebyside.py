@@ -199,15 +199,25 @@ def test_a_server_serves_each_round_from_a_freshly_forked_child_that_ends_with_i
         w.assign(spec)
         w.wait_ready()
         assert w.ran["forked_rounds"] and str(tmp_path / "test_w.py") in w.ran["files"]
-        for _ in range(2):
-            assert w.round().name == "w"
+        cpu = max(os.sched_getaffinity(0))
+        for held in ((cpu,), None):
+            assert w.round(held).name == "w"
             children.append(w.child)
+            # held: to the round's CPUs; else where its server runs
+            assert os.sched_getaffinity(w.child) == (set(held) if held else os.sched_getaffinity(w.proc.pid))
             s = w.sample()
             assert 1.5 < s.host_ms < 50 and s.gpu_ms is None
             w.end_round()
             assert not os.path.exists(f"/proc/{children[-1]}/cmdline")   # the round's child has ended
         assert len(set(children)) == 2 and w.proc.pid not in children
-        w.done()
+        profiled = []
+        for _ in range(2):   # a profiler pass in a child of its own: the server, which later items fork, is left alone
+            w.start_profile()
+            assert isinstance(w.profiled(), dict)
+            profiled.append(w.profiled_in)
+        assert len(set(profiled)) == 2 and not set(profiled) & {None, w.proc.pid, *children}
+        w.done()   # answered once the server has waited for the last profiling child
+        assert not any(os.path.exists(f"/proc/{pid}/cmdline") for pid in profiled)
     assert w.proc.poll() is not None
 
 
@@ -288,12 +298,14 @@ class _FakeServer:
         self.log = log if log is not None else []
         self.samples = samples   # both servers' samples in order: (side, ahead)
         self.asked = []   # per sample: whether an untimed call of the step was asked for ahead of it
+        self.cpus = []    # per round: the CPUs its process was to be held to
 
     def wait_ready(self):
         pass
 
-    def start_round(self):
+    def start_round(self, cpus=None):
         self.log.append(("ask", self.side))
+        self.cpus.append(cpus)
 
     def built(self):
         self.log.append(("built", self.side))
@@ -426,6 +438,37 @@ def test_a_served_pair_sample_asks_its_server_for_a_call_of_its_own_step_first_a
         assert sides[0] == first[-1][0] and sides == [sides[0], sides[1], sides[1], sides[0], sides[0], sides[1]]
         # a short step (first calls under 20 ms together): a call ahead of every sample, which costs little there
         assert [ahead for _, ahead in pairs] == ([True] * 6 if short else [False, True, False, True, False, True])
+
+
+def test_shared_cpus_draws_the_threads_a_round_may_use_or_nothing_where_that_is_every_cpu():
+    import random
+
+    from bench_core.timing.sampling import shared_cpus
+
+    rng = random.Random(3)
+    drawn = [shared_cpus(rng, 1, {0, 1, 2, 3}) for _ in range(40)]
+    assert all(len(c) == 1 and set(c) <= {0, 1, 2, 3} for c in drawn) and len(set(drawn)) == 4
+    assert set(shared_cpus(rng, 2, {4, 7, 9})) < {4, 7, 9}
+    assert shared_cpus(rng, 2, {0, 1}) is None and shared_cpus(rng, 8, {0, 1}) is None
+    assert shared_cpus(rng, None, {0, 1, 2}) is None            # torch's own count: every CPU
+
+
+@pytest.mark.parametrize("threads", [1, None])
+def test_both_servers_of_a_round_hold_it_to_the_same_cpus_drawn_afresh_each_round(monkeypatch, threads):
+    """#27: a process waiting on a pipe wakes on the CPU it last ran on, so each side kept a CPU of its own for a
+    round, and a CPU slowed for a while was one side's bias."""
+    import os
+
+    from bench_core.timing.protocol import run_served
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    servers = {side: _FakeServer(side, ms) for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
+    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=12, pairs=2, threads=threads)
+    assert servers["baseline"].cpus == servers["candidate"].cpus and len(servers["baseline"].cpus) == 12
+    if threads is None:
+        assert set(servers["baseline"].cpus) == {None}
+    else:
+        assert all(len(c) == 1 for c in servers["baseline"].cpus) and len(set(servers["baseline"].cpus)) > 1
 
 
 def test_a_server_runs_the_untimed_call_ahead_of_a_sample_only_when_asked():

@@ -47,7 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from bench_core.core.errors import ScenarioError
-from bench_core.timing.sampling import Sample, Sampler, gc_frozen, gc_paused
+from bench_core.timing.sampling import Sample, Sampler, gc_frozen, gc_paused, shared_cpus
 
 SIDES = ("baseline", "candidate")
 
@@ -380,20 +380,23 @@ class _Runner:
                       {k: tuple(v) for k, v in self.cold.items()}, dict(self.load_ms), seed, dict(self.scenarios))
 
 
-def run_served(servers: Mapping[str, Any], sampler: Sampler, **rounds_kw) -> Rounds:
+def run_served(servers: Mapping[str, Any], sampler: Sampler, *, threads: int | None = None, **rounds_kw) -> Rounds:
     """Rounds whose instances live in other processes (`servers[side]`, a `worker.Worker` serving its test): each
-    round each server makes a fresh instance (`round()`), samples are asked for (`sample()`), and the instance
-    goes when the round ends (`end_round()`). `rounds_kw` are `run_rounds`'s."""
+    round each server makes a fresh instance (`start_round(cpus)`), held with the other side's to the same
+    `threads` CPUs, drawn afresh each round (`sampling.shared_cpus`), samples are asked for (`sample()`), and the
+    instance goes when the round ends (`end_round()`). `rounds_kw` are `run_rounds`'s."""
     started: set[tuple[int, str]] = set()
+    places = random.Random(rounds_kw.get("seed", 0) + 0x5EED)   # its own stream: the call order stays the seed's
 
     def builder(side: str):
         def build(r: int) -> Instance:
             # both servers asked at once: their children fork and set up side by side, untimed, and the first
             # instance built waits for the other before any call is timed (run_rounds builds both first)
-            for s in SIDES:
-                if (r, s) not in started:
+            if (r, side) not in started:
+                cpus = shared_cpus(places, threads)
+                for s in SIDES:
                     started.add((r, s))
-                    on_side(s, servers[s].start_round)
+                    on_side(s, lambda: servers[s].start_round(cpus))
             return Instance(fn=lambda: None, remote=servers[side].sample, remote_warm=servers[side].warm,
                             scenario=servers[side].built())
         return build
@@ -429,12 +432,13 @@ def with_servers(spawn: Mapping[str, Callable[[int], Any]], k: int, work: Callab
 
 def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *, processes: int, rounds: int,
                   pairs: int, seed: int = 0, release: Callable[[str, int, Any, bool], None] | None = None,
-                  warm_ms: float = 0.0) -> list[Rounds]:
+                  warm_ms: float = 0.0, threads: int | None = None) -> list[Rounds]:
     """Side by side in `processes` pairs of servers that keep their own bias (see `run_served`): each pair runs
     `rounds` rounds, and is the unit of evidence."""
     if processes < 3:
         raise ValueError(f"worker mode needs at least 3 pairs of processes, got {processes}")
     return [with_servers(spawn, k, lambda servers: run_served(servers, sampler, rounds=rounds, pairs=pairs,
-                                                              seed=seed + k, min_rounds=1, warm_ms=warm_ms),
+                                                              seed=seed + k, min_rounds=1, warm_ms=warm_ms,
+                                                              threads=threads),
                          seed=seed, release=release)
             for k in range(processes)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -98,6 +99,41 @@ def set_threads(threads: int | None) -> int | None:
     if threads is not None:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def shared_cpus(rng, threads: int | None, allowed: set[int] | None = None) -> tuple[int, ...] | None:
+    """The CPUs that both processes of one round are held to: `threads` of the CPUs this process may use (`allowed`,
+    default: its own affinity), drawn with `rng`; None where that would be all of them (nothing to hold) or the
+    system cannot say.
+
+    Why: a process that waits on a pipe wakes on the CPU it last ran on, so two sides in two processes each keep a
+    CPU of their own for a round. A CPU slowed for seconds (its host's other guests, the interrupts it handles) is
+    then one side's bias, not noise both sides share, as it is when both sides take turns on one thread. Held to
+    the same CPUs, drawn afresh each round, that bias falls on both sides of a round alike."""
+    if allowed is None:
+        try:
+            allowed = os.sched_getaffinity(0)
+        except (AttributeError, OSError):   # not Linux: the processes are left where the system puts them
+            return None
+    want = len(allowed) if threads is None else threads
+    if want >= len(allowed):
+        return None
+    return tuple(sorted(rng.sample(sorted(allowed), want)))
+
+
+def hold_to(cpus) -> None:
+    """This process, its threads and those it starts from now on, on `cpus` only; nothing where `cpus` is None."""
+    if cpus is None or not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, set(cpus))
+        except ProcessLookupError:   # a thread that ended meanwhile
+            pass
 
 
 class Sampler:

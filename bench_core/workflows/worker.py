@@ -13,12 +13,14 @@ line goes each way per step:
   {"cmd": "item", file, function,      {"serving": scenario, pid,      the item's first run (fixtures, then the test)
    param_id, scenario}                  fork, files: {path: sha256},    up to its bench.run for that scenario: the
                                         kept: [fixture], signature}     step warmed once (and counted, if asked)
-  {"cmd": "round"}                     {"built": scenario_doc, pid}    the item run afresh up to its bench.run
+  {"cmd": "round", cpus}               {"built": scenario_doc, pid}    the item run afresh up to its bench.run,
+                                                                       held to `cpus` (both sides' the same)
   {"cmd": "sample", ahead}             {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`;
                                                                        `ahead`: after an untimed call of the step
   {"cmd": "warm", "ms"}                {"warmed": calls}               untimed calls for `ms` (`protocol.warm_for`)
   {"cmd": "profile"}                   {"op_times": {op: [ms, calls]}} a profiler pass of the first run's
-                                                                       step, in the server, after the rounds
+                                                                       step, after the rounds, in a child forked
+                                                                       from the server
   {"cmd": "end"}                       {"ended": status}               the round's run of the item ends
   {"cmd": "done"}                      {"item_done": ..., "served"}    the item is done with
   {"cmd": "quit"}                      -                               the server ends
@@ -82,6 +84,7 @@ class ServeState:
         self.instructions: str | None = init.get("instructions")   # under callgrind: count, into this folder
         self.device: str = init.get("device") or "cpu"
         self.step: tuple | None = None      # (fn, setup) of the item's first run, for a profiler pass
+        self.profiler_started = False       # the profiler has run once here (`_profile_reply`)
         self.requested: str | None = None   # the scenario the item under way is to serve
         self.round = False                  # this run of the item serves a round (else: it warms and counts)
         self.reached = False                # this run of the item reached bench.run for the scenario asked for
@@ -154,7 +157,7 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
     """Rounds of the item's scenario until the parent says "done" (or "quit", or is gone): returned. Each "round"
     runs the test item afresh (`run_item`: its function-scoped fixtures, then the test, whose bench.run serves the
     round with `serve_round`), in a child forked from this server where `state.fork`."""
-    from bench_core.timing.sampling import set_threads
+    from bench_core.timing.sampling import hold_to, set_threads
 
     channel = state.channel
     while True:
@@ -163,13 +166,14 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
         if cmd in (None, "done", "quit"):
             return cmd or "quit"
         if cmd == "profile":
-            channel.send(_profiled(state))
+            _profile_reply(state)
             continue
         if cmd != "round":
             channel.send({"error": f"{cmd!r} outside a round"})
             continue
         state.again(round_=True)
         if not state.fork:
+            hold_to(doc.get("cpus"))
             run_item()
             if state.ended_by == "quit":
                 return "quit"
@@ -183,6 +187,7 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
             try:
                 _die_with_parent()
                 _scatter_heap(random.Random(int.from_bytes(os.urandom(8), "little")))
+                hold_to(doc.get("cpus"))   # before its threads start: they inherit it
                 set_threads(state.threads)
                 run_item()
                 if not state.reached:
@@ -203,15 +208,44 @@ SERVED_PROFILE_CALLS = 2   # a verdict's explanation, not its evidence: two prof
                            # slower scenario here, a sixth of a process-mode comparison's time)
 
 
+def _profile_reply(state: ServeState) -> None:
+    """The parent's "profile", answered from a child forked from the server, where it may fork: profiler passes in
+    the server itself changed what the next items' warming calls left for their children to inherit, and one side's
+    children then ran slow in every round (docs/side-by-side.md). The server starts the profiler once, on the first
+    request, over a tiny step: a process's first pass is slow, a pass in a child forked after that is not."""
+    from bench_core.timing.sampling import set_threads
+    from bench_core.workflows.diagnose.moved import start_profiler
+
+    if not state.fork:
+        state.channel.send(_profiled(state))
+        return
+    if not state.profiler_started:
+        start_profiler()
+        state.profiler_started = True
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _die_with_parent()
+            set_threads(state.threads)
+            state.channel.send(_profiled(state))
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:   # it ended before it answered
+        state.channel.send({"error": f"profiler pass: its process ended with wait status {status}"})
+
+
 def _profiled(state: ServeState) -> dict:
-    """One profiler pass of the item's first instance, in the server: after its rounds, and here rather than in a
-    fresh child, because a process's first profiler pass costs about 0.8 s (measured here) and later ones a few ms."""
+    """One profiler pass of the item's first instance (the server's), after its rounds."""
     from bench_core.workflows.diagnose.moved import op_times
 
     if state.step is None:
         return {"error": "profiler pass: the item has no instance in its server"}
     try:
-        return {"op_times": op_times(*state.step, calls=SERVED_PROFILE_CALLS, device=state.device)}
+        return {"op_times": op_times(*state.step, calls=SERVED_PROFILE_CALLS, device=state.device),
+                "pid": os.getpid()}
     except Exception as exc:  # noqa: BLE001 - the verdict stands; the parent says why there is no pass
         return {"error": f"profiler pass: {type(exc).__name__}: {exc}"}
 
@@ -268,7 +302,7 @@ class Worker:
 
     def __init__(self, init: Mapping[str, Any], timeout_s: float = 600.0):
         self.init, self.side, self.timeout_s = dict(init), init["side"], timeout_s
-        self.scenario, self.ran, self.child = "server", {}, None
+        self.scenario, self.ran, self.child, self.profiled_in = "server", {}, None, None
         self._started, self._spec, self.key, self.environment = False, None, None, {}
         self.log = tempfile.TemporaryFile()   # what the server's code prints: a file, never a pipe that fills up
         to_child, from_parent = os.pipe()
@@ -314,14 +348,15 @@ class Worker:
                         **{k: out[k] for k in ("signature", "signature_error", "instructions", "instructions_error")
                            if k in out}}
 
-    def round(self):
-        """A fresh instance for a round; returns the scenario record it declared (or None)."""
-        self.start_round()
+    def round(self, cpus=None):
+        """A fresh instance for a round (held to `cpus`); returns the scenario record it declared (or None)."""
+        self.start_round(cpus)
         return self.built()
 
-    def start_round(self) -> None:
-        """Asks for a fresh instance (`built()` waits for it), so that two servers build side by side."""
-        self._write({"cmd": "round"})
+    def start_round(self, cpus=None) -> None:
+        """Asks for a fresh instance (`built()` waits for it), so that two servers build side by side; the round's
+        process is held to `cpus` (None: left where the system puts it, see `sampling.shared_cpus`)."""
+        self._write({"cmd": "round"} if cpus is None else {"cmd": "round", "cpus": list(cpus)})
 
     def built(self):
         """The instance asked for is built; returns the scenario record it declared (or None)."""
@@ -350,6 +385,7 @@ class Worker:
     def profiled(self) -> dict[str, tuple[float, int]]:
         """Per operator: self time per step (ms) and calls per step."""
         out = self._read("op_times")
+        self.profiled_in = out.get("pid")
         return {op: (float(ms), int(n)) for op, (ms, n) in out["op_times"].items()}
 
     def end_round(self) -> None:

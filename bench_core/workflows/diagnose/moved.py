@@ -9,6 +9,16 @@ from typing import Any, Callable, Mapping
 CALLS = 5   # profiled calls of each side, after one unprofiled call
 
 
+def start_profiler() -> None:
+    """One profiler pass over a tiny step: a process's first pass is slow (most of a second, docs/side-by-side.md),
+    later ones in it, or in a child forked from it after this, are not."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]):
+        torch.zeros(1).add_(1)
+
+
 def op_times(fn: Callable[[], Any], setup: Callable[[], Any] | None = None, calls: int = CALLS,
              device: str = "cpu") -> dict[str, tuple[float, int]]:
     """Per operator: self time per step (ms; the device's own on CUDA) and calls per step, over `calls` calls."""

@@ -83,6 +83,15 @@ class AgainstConfig:
         return planned_looks(self.rounds, self.max_rounds, self.rounds)
 
 
+def _held_said(threads: int | None) -> str:
+    import random
+
+    from bench_core.timing.sampling import shared_cpus
+
+    return (", both of a round's children held to the same CPU(s), drawn per round"
+            if shared_cpus(random.Random(0), threads) is not None else "")
+
+
 def _malloc_said(pinned: bool) -> str:
     return ", glibc malloc thresholds pinned" if pinned else ""
 
@@ -194,7 +203,8 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
 
         def rounds_then_profile(servers, judge):
             res = run_served(servers, sampler, rounds=looks[0], pairs=pairs, warmup=a.warmup, warm_ms=a.warm_ms,
-                             seed=a.seed, extend_to=looks[1:], go_on=judge.go_on, pairs_ms=a.pairs_ms)
+                             seed=a.seed, extend_to=looks[1:], go_on=judge.go_on, pairs_ms=a.pairs_ms,
+                             threads=session.config.threads)
             if not quick and judge(res, "host").verdict in (SLOWER, FASTER):
                 profiled.extend(_profile_served(session, scenario.name, servers))
             return res
@@ -208,7 +218,8 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown")
         return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, each side a pytest "
                                                            f"process of its own, every round in freshly forked "
-                                                           f"children{malloc}",
+                                                           f"children{_held_said(session.config.threads)}"
+                                                           f"{malloc}",
                              items, proof, None, None, looks, cold=cold,
                              signatures=lambda: _served_signatures(session, scenario.name, ran),
                              explain=lambda: tuple(profiled),
@@ -218,7 +229,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
 
     def run_pairs(judge):
         res = run_processes(spawn, sampler, processes=k, rounds=rounds, pairs=pairs, seed=a.seed, release=release,
-                            warm_ms=a.warm_ms)
+                            warm_ms=a.warm_ms, threads=session.config.threads)
         _check_processes(scenario.name, ran, session.revision)
         return res
     return _side_by_side(session, scenario, live, run_pairs, f"{k} pairs of pytest processes x {rounds} rounds x "
