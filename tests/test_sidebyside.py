@@ -471,6 +471,24 @@ def test_both_servers_of_a_round_hold_it_to_the_same_cpus_drawn_afresh_each_roun
         assert all(len(c) == 1 for c in servers["baseline"].cpus) and len(set(servers["baseline"].cpus)) > 1
 
 
+def test_loaded_files_name_only_files_that_are_there(tmp_path, monkeypatch):
+    """torch's `_classes` and `_ops` modules say their file is "_classes.py": resolved from a side's tree, that
+    read as a file of the tree with no content."""
+    import sys
+    import types
+
+    from bench_core.workflows.worker import loaded_files
+
+    (tmp_path / "real_mod.py").write_text("X = 1\n")
+    monkeypatch.chdir(tmp_path)
+    for name, file in (("real_mod", str(tmp_path / "real_mod.py")), ("fake_classes", "_classes.py")):
+        mod = types.ModuleType(name)
+        mod.__file__ = file
+        monkeypatch.setitem(sys.modules, name, mod)
+    files = loaded_files([str(tmp_path)])
+    assert list(files) == [str((tmp_path / "real_mod.py").resolve())] and all(files.values())
+
+
 def test_a_server_runs_the_untimed_call_ahead_of_a_sample_only_when_asked():
     import json
     import os

@@ -282,8 +282,11 @@ def loaded_files(roots: list[str]) -> dict[str, str | None]:
     out = {}
     for m in list(sys.modules.values()):
         f = getattr(m, "__file__", None)
-        if f and any(Path(f).resolve().is_relative_to(r) for r in inside):
-            out[str(Path(f).resolve())] = file_sha256(Path(f))
+        path = Path(f).resolve() if f else None
+        # a module may name a file that is not there (torch's `_classes`, `_ops`: "_classes.py", which a relative
+        # path would place in this process's working directory, a side's tree): it was not loaded from that tree
+        if path is not None and path.is_file() and any(path.is_relative_to(r) for r in inside):
+            out[str(path)] = file_sha256(path)
     return dict(sorted(out.items()))
 
 
