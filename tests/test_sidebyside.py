@@ -471,6 +471,24 @@ def test_both_servers_of_a_round_hold_it_to_the_same_cpus_drawn_afresh_each_roun
         assert all(len(c) == 1 for c in servers["baseline"].cpus) and len(set(servers["baseline"].cpus)) > 1
 
 
+def test_after_round_0_a_sides_first_call_comes_just_before_its_first_sample_and_saves_a_call_ahead():
+    from bench_core.timing.protocol import run_served
+
+    samples = []
+    servers = {side: _FakeServer(side, ms, samples=samples) for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
+    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2, warmup=0)
+    assert len(samples) == 3 * (2 + 4)          # per round: a first call each, then two pairs
+    sides, ahead = [s for s, _ in samples[:6]], [a for _, a in samples[:6]]
+    # round 0 settles the plan from both first calls, then its mirrored pairs start with the side that ran last
+    assert sides == [sides[0], sides[1], sides[1], sides[0], sides[0], sides[1]]
+    assert ahead == [False, False, False, True, False, True]
+    for r in (1, 2):
+        sides, ahead = [s for s, _ in samples[6 * r:6 * r + 6]], [a for _, a in samples[6 * r:6 * r + 6]]
+        x, y = sides[0], sides[2]
+        assert x != y and sides == [x, x, y, y, y, x]   # first call, sample; first call, sample, sample; sample
+        assert ahead == [False, False, False, False, False, True]   # one call ahead a round, not two
+
+
 def test_loaded_files_name_only_files_that_are_there(tmp_path, monkeypatch):
     """torch's `_classes` and `_ops` modules say their file is "_classes.py": resolved from a side's tree, that
     read as a file of the tree with no content."""

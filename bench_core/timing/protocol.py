@@ -254,7 +254,8 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     call and they have taken less than `warm_ms`, then `pairs` pairs (more for a short step with `pairs_ms`),
     mirrored, each sample after a call of its own step: the sample before it, or an untimed call ahead of it
     (`ahead="switch"`: where the other side ran last, or always for a short step; `"always"`: before every
-    sample). Nothing of the other side runs between a sample and the call before it. A distributed rank passes
+    sample). After round 0 (and without `warmup`), a side's first call comes just before its first sample,
+    which then needs no call ahead: one call a round fewer. Nothing of the other side runs between a sample and the call before it. A distributed rank passes
     neither `warm_ms` nor `pairs_ms` (the ranks would disagree on how many calls) and `ahead="always"`. A
     failure raises SideError.
     The rounds are the unit of evidence, so there must be `min_rounds` of them (3, for a spread with 2
@@ -331,6 +332,11 @@ class _Runner:
         """A pair's sample of `side`, after a call of its own step: the one before it, or one ahead of it."""
         return self.timed(side, what, ahead=always_ahead or self.last != side)
 
+    def first(self, side: str, plan: "_Plan", what: str, where: str) -> None:
+        """The first call of `side`'s instance (its cold observation), then untimed calls up to `plan.warm_ms`."""
+        self.cold[side].append(self.timed(side, what))
+        self.warmed(side, plan.warm_ms - self.cold[side][-1].primary_ms, where)
+
     def warmed(self, side: str, ms: float, what: str) -> None:
         i = self.inst[side]
         if ms <= 0:
@@ -354,19 +360,26 @@ class _Runner:
                 self.scenarios[side] = self.inst[side].scenario
         if self.after_build is not None:
             self.after_build(r)
-        for side in self.rng.sample(SIDES, 2):
-            self.cold[side].append(self.timed(side, f"the first call{of}"))
-            self.warmed(side, plan.warm_ms - self.cold[side][-1].primary_ms, f"round {r}")
+        firsts = self.rng.sample(SIDES, 2)
+        # round 0 settles the plan from both first calls, and warmup calls come after both; later rounds take
+        # each side's first call just before its first sample, which then needs no call ahead of it
+        late = set() if r == 0 or plan.warmup else set(SIDES)
+        for side in firsts:
+            if side not in late:
+                self.first(side, plan, f"the first call{of}", f"round {r}")
         if r == 0:
             plan.settle(sum(self.cold[s][-1].primary_ms for s in SIDES))
         for w in range(plan.warmup):
             for side in self.rng.sample(SIDES, 2):
                 self.timed(side, f"warmup {w}{of}")
         got: dict[str, list[Sample]] = {s: [] for s in SIDES}
-        order = [self.last, *(s for s in SIDES if s != self.last)]
+        order = firsts if late else [self.last, *(s for s in SIDES if s != self.last)]
         with gc_paused():
             for p in range(plan.pairs):
                 for side in order:
+                    if side in late:
+                        late.discard(side)
+                        self.first(side, plan, f"the first call{of}", f"round {r}")
                     got[side].append(self.paired(side, f"pair {p}{of}", plan.always_ahead))
                 order.reverse()
         for side in SIDES:

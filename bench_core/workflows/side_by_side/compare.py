@@ -35,7 +35,7 @@ class AgainstConfig:
     """
 
     rev: str | None          # None: this tree, compared in another interpreter (`python`)
-    rounds: int = 12         # 12 x (1 first call + 2 samples + 1 call ahead) x 2 sides: 96 calls at the first look
+    rounds: int = 12         # 12 x (a first call and 2 samples a side, 1 call ahead): 85 calls at the first look
     pairs: int = 2           # the least: with each sample after a call of its own step, a third and fourth pair of
                              # a 17-20 ms step bought less than they cost; a short step gets more (`pairs_ms`)
     warmup: int = 0          # calls after the first, whatever they take; `warm_ms` is what settles an instance
