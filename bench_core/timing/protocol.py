@@ -255,9 +255,9 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     mirrored, each sample after a call of its own step: the sample before it, or an untimed call ahead of it
     (`ahead="switch"`: where the other side ran last, or always for a short step; `"always"`: before every
     sample). After round 0 (and without `warmup`), a side's first call comes just before its first sample,
-    which then needs no call ahead: one call a round fewer. Nothing of the other side runs between a sample and the call before it. A distributed rank passes
-    neither `warm_ms` nor `pairs_ms` (the ranks would disagree on how many calls) and `ahead="always"`. A
-    failure raises SideError.
+    which then needs no call ahead: one call a round fewer. Nothing of the other side runs between a sample and
+    the call before it. A distributed rank passes neither `warm_ms` nor `pairs_ms` (the ranks would disagree on
+    how many calls) and `ahead="always"`. A failure raises SideError.
     The rounds are the unit of evidence, so there must be `min_rounds` of them (3, for a spread with 2
     degrees of freedom), unless these rounds are one part of a larger unit (a pair of processes).
 
