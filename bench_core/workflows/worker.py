@@ -127,6 +127,20 @@ def _die_with_parent() -> None:
         pass
 
 
+def _in_child(work: Callable[[], int], failed: int) -> int:
+    """`work()` in a child forked from this server, which ends with it (exit code: what it returned, `failed` if it
+    raised; it never returns into the server's loop) and with the server; returns its wait status."""
+    pid = os.fork()
+    if pid == 0:
+        code = failed
+        try:
+            _die_with_parent()
+            code = work()
+        finally:
+            os._exit(code)
+    return os.waitpid(pid, 0)[1]
+
+
 def can_fork(device: str) -> bool:
     if not hasattr(os, "fork") or device == "cuda":
         return False
@@ -181,21 +195,15 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
                 channel.send({"error": state.missed(nodeid)})
             channel.send({"ended": 0})
             continue
-        pid = os.fork()
-        if pid == 0:   # the child: never returns into the server's loop
-            code = 0
-            try:
-                _die_with_parent()
-                _scatter_heap(random.Random(int.from_bytes(os.urandom(8), "little")))
-                hold_to(doc.get("cpus"))   # before its threads start: they inherit it
-                set_threads(state.threads)
-                run_item()
-                if not state.reached:
-                    channel.send({"error": state.missed(nodeid)})
-                code = _QUIT_STATUS if state.ended_by == "quit" else 0
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
+        def round_child(cpus=doc.get("cpus")) -> int:
+            _scatter_heap(random.Random(int.from_bytes(os.urandom(8), "little")))
+            hold_to(cpus)   # before its threads start: they inherit it
+            set_threads(state.threads)
+            run_item()
+            if not state.reached:
+                channel.send({"error": state.missed(nodeid)})
+            return _QUIT_STATUS if state.ended_by == "quit" else 0
+        status = _in_child(round_child, failed=0)
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _QUIT_STATUS:   # the child took the parent's "quit"
             return "quit"
         channel.send({"ended": status})
@@ -222,17 +230,11 @@ def _profile_reply(state: ServeState) -> None:
     if not state.profiler_started:
         start_profiler()
         state.profiler_started = True
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            _die_with_parent()
-            set_threads(state.threads)
-            state.channel.send(_profiled(state))
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    def profile_child() -> int:
+        set_threads(state.threads)
+        state.channel.send(_profiled(state))
+        return 0
+    status = _in_child(profile_child, failed=1)
     if status != 0:   # it ended before it answered
         state.channel.send({"error": f"profiler pass: its process ended with wait status {status}"})
 
