@@ -221,6 +221,39 @@ def test_a_server_serves_each_round_from_a_freshly_forked_child_that_ends_with_i
     assert w.proc.poll() is not None
 
 
+def test_a_round_child_builds_beside_the_other_and_samples_held_with_no_collection_of_its_servers_objects(tmp_path):
+    """#27: held to one CPU from its start, the two sides' children built their instances by turns; and a round's
+    child sampled with the collector on, over everything its server had made (7 ms in one sample here)."""
+    import os
+
+    from bench_core.timing.sampling import build_cpus
+    from bench_core.workflows.worker import Worker
+
+    log = tmp_path / "log.txt"
+    init, spec = _worker_test(tmp_path, f'import gc\n    from bench_core import Scenario\n    '
+                                        f'def note(what):\n        with open({str(log)!r}, "a") as f:\n'
+                                        f'            f.write(f"{{what}} {{sorted(os.sched_getaffinity(0))}} '
+                                        f'{{gc.isenabled()}} {{gc.get_freeze_count() > 0}}\\n")\n    '
+                                        f'note("build")\n    bench.run(Scenario("w", ("compute",)), '
+                                        f'lambda: note("step"))')
+    cpu = max(os.sched_getaffinity(0))
+    with Worker(init) as w:
+        w.assign(spec)
+        w.wait_ready()
+        log.write_text("")   # the server's own first run wrote here too
+        w.round((cpu,))
+        cold, s = w.first_then_sample(0.0)   # the round's first call and a sample, in one request
+        w.sample(ahead=True)
+        w.end_round()
+        w.done()
+    lines = log.read_text().splitlines()
+    wide = sorted(build_cpus((cpu,)))
+    assert lines[0] == f"build {wide} True True"   # built where the other side's child may build too
+    # the first call, the sample, the call ahead and its sample: held, the collector off, the server's objects frozen
+    assert lines[1:] == [f"step {[cpu]} False True"] * 4
+    assert cold.host_ms > 0 and s.host_ms > 0
+
+
 def test_a_round_child_ends_with_its_server_even_one_killed_outright(tmp_path):
     import os
     import signal
@@ -293,12 +326,13 @@ class _FakeServer:
     """A side's server as the parent sees it: asked for a round (or its end), then waited for; `log` keeps the
     order of both servers' events."""
 
-    def __init__(self, side, ms, fail_at=None, log=None, samples=None):
+    def __init__(self, side, ms, fail_at=None, log=None, samples=None, requests=None):
         self.side, self.ms, self.fail_at, self.builds, self.closed, self.ends = side, ms, fail_at, 0, False, 0
         self.log = log if log is not None else []
         self.samples = samples   # both servers' samples in order: (side, ahead)
         self.asked = []   # per sample: whether an untimed call of the step was asked for ahead of it
         self.cpus = []    # per round: the CPUs its process was to be held to
+        self.requests = requests if requests is not None else []   # both servers' requests in order: (side, kind)
 
     def wait_ready(self):
         pass
@@ -313,12 +347,21 @@ class _FakeServer:
         if self.builds == self.fail_at:
             raise ScenarioError("s", "broke on its build")
 
-    def sample(self, ahead=False):
+    def sample(self, ahead=False, request=True):
         from bench_core.timing.sampling import Sample
+        if request:
+            self.requests.append((self.side, "sample"))
         self.asked.append(ahead)
         if self.samples is not None:
             self.samples.append((self.side, ahead))
         return Sample(self.ms, None)
+
+    def first_then_sample(self, warm_ms, ahead=False):
+        self.requests.append((self.side, "first"))
+        cold = self.sample(False, request=False)
+        if warm_ms > self.ms:
+            self.warm(warm_ms - self.ms)
+        return cold, self.sample(ahead, request=False)
 
     def warm(self, ms):
         self.asked.append(f"warm {ms:g}")
@@ -453,6 +496,20 @@ def test_shared_cpus_draws_the_threads_a_round_may_use_or_nothing_where_that_is_
     assert shared_cpus(rng, None, {0, 1, 2}) is None            # torch's own count: every CPU
 
 
+def test_a_rounds_process_builds_on_every_cpu_of_the_memory_nodes_it_will_run_on():
+    from bench_core.timing.sampling import build_cpus, cpu_list
+
+    assert cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11} and cpu_list("5") == {5}
+    with pytest.raises(ValueError):
+        cpu_list("0-a")
+    nodes = [{0, 1, 2, 3}, {4, 5, 6, 7}]
+    assert build_cpus((5,), {0, 1, 2, 3, 4, 5, 6, 7}, nodes) == (4, 5, 6, 7)   # its node's CPUs, not the other's
+    assert build_cpus((1, 6), set(range(8)), nodes) == tuple(range(8))        # held across both nodes
+    assert build_cpus((5,), {1, 5, 6}, nodes) == (5, 6)                         # only CPUs it may use
+    assert build_cpus((5,), set(range(8)), []) == (5,)                          # nodes unknown: where it is held
+    assert build_cpus(None, set(range(8)), nodes) is None                       # nothing held: nothing to say
+
+
 @pytest.mark.parametrize("threads", [1, None])
 def test_both_servers_of_a_round_hold_it_to_the_same_cpus_drawn_afresh_each_round(monkeypatch, threads):
     """#27: a process waiting on a pipe wakes on the CPU it last ran on, so each side kept a CPU of its own for a
@@ -471,11 +528,29 @@ def test_both_servers_of_a_round_hold_it_to_the_same_cpus_drawn_afresh_each_roun
         assert all(len(c) == 1 for c in servers["baseline"].cpus) and len(set(servers["baseline"].cpus)) > 1
 
 
+def test_rounds_timed_in_other_processes_leave_this_ones_collector_alone(monkeypatch):
+    """A full collection of the parent (70 ms a scenario once torch is imported) bought nothing where every sample
+    is timed in a side's own process; in one process it keeps collections out of the samples."""
+    import gc
+
+    from bench_core.timing.protocol import Instance, run_rounds, run_served
+
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(a) or 0)
+    servers = {side: _FakeServer(side, ms) for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
+    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2)
+    assert collected == [] and gc.isenabled()
+    run_rounds({side: (lambda r: Instance(lambda: None)) for side in ("baseline", "candidate")},
+               Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2)
+    assert len(collected) == 1 + 3 and gc.isenabled()   # once before the rounds, then once before each round's pairs
+
+
 def test_after_round_0_a_sides_first_call_comes_just_before_its_first_sample_and_saves_a_call_ahead():
     from bench_core.timing.protocol import run_served
 
-    samples = []
-    servers = {side: _FakeServer(side, ms, samples=samples) for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
+    samples, requests = [], []
+    servers = {side: _FakeServer(side, ms, samples=samples, requests=requests)
+               for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
     run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2, warmup=0)
     assert len(samples) == 3 * (2 + 4)          # per round: a first call each, then two pairs
     sides, ahead = [s for s, _ in samples[:6]], [a for _, a in samples[:6]]
@@ -487,6 +562,11 @@ def test_after_round_0_a_sides_first_call_comes_just_before_its_first_sample_and
         x, y = sides[0], sides[2]
         assert x != y and sides == [x, x, y, y, y, x]   # first call, sample; first call, sample, sample; sample
         assert ahead == [False, False, False, False, False, True]   # one call ahead a round, not two
+        # a first call and the sample after it are one request: the round's process does not wait on the parent
+        # between them
+        at = 6 + 4 * (r - 1)   # round 0 asked six times, each later round four
+        assert requests[at:at + 4] == [(x, "first"), (y, "first"), (y, "sample"), (x, "sample")]
+    assert requests[:6] == [(s, "sample") for s in [s for s, _ in samples[:6]]]   # round 0: each call asked alone
 
 
 def test_loaded_files_name_only_files_that_are_there(tmp_path, monkeypatch):

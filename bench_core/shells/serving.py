@@ -115,7 +115,8 @@ def serve(session, request, sizing, scenario, fn, kwargs):
     device = session.config.device
     sampler = Sampler(name, backend_for(device))
     if state.round:
-        state.ended_by = worker.serve_round(state.channel, instance_from(fn, kwargs, scenario), sampler)
+        state.ended_by = worker.serve_round(state.channel, instance_from(fn, kwargs, scenario), sampler,
+                                             state.places)
         pytest.skip(f"served a round of scenario {name!r} to a side-by-side comparison")
     state.fork = worker.can_fork(device)
     if not state.fork:

@@ -169,6 +169,8 @@ class Instance:
                                                       # its argument: the sample follows an untimed call (`ahead_of`)
     clock: Any = None              # the clock the test asked for (tests: a fake), for a whole measurement of it
     remote_warm: Callable[[float], Any] | None = None   # with `remote`: `warm_for` there, for so many ms
+    remote_first: Callable[[float, bool], tuple[Sample, Sample]] | None = None   # with `remote`: `first_then_sample`
+                                                                                  # there, in one request
 
 
 @dataclass(frozen=True)
@@ -244,11 +246,23 @@ def sample_of(sampler: Sampler, inst: Instance, what: str, ahead: bool) -> Sampl
     return sampler.sample(inst.fn, inst.block_size, what=what)
 
 
+def first_then_sample(sampler: Sampler, inst: Instance, warm_ms: float, ahead: bool, of: str = "") -> tuple[Sample,
+                                                                                                      Sample]:
+    """A round's first call of `inst` (its cold observation), untimed calls while they and it have taken less than
+    `warm_ms`, then its first sample (after `ahead_of` where `ahead`), in one go: in a round's process, with no wait
+    on the parent between the first call and the sample. A wait there let the sample run slow: on the memory-bound
+    step, 10-16 first samples in 100 took 1.1-2.3x the rest (docs/side-by-side.md)."""
+    cold = sample_of(sampler, inst, f"the first call{of}", False)
+    if warm_ms - cold.primary_ms > 0:
+        warm_for(sampler, inst, warm_ms - cold.primary_ms, f"the first call{of}")
+    return cold, sample_of(sampler, inst, f"pair 0{of}", ahead)
+
+
 def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, *, rounds: int, pairs: int,
                warmup: int = 1, seed: int = 0, min_rounds: int = 3, extend_to: Sequence[int] = (),
                go_on: Callable[[Rounds], bool] | None = None, after_build: Callable[[int], Any] | None = None,
                after_round: Callable[[int], Any] | None = None, warm_ms: float = 0.0, pairs_ms: float = 0.0,
-               ahead: str = "switch") -> Rounds:
+               ahead: str = "switch", timed_here: bool = True) -> Rounds:
     """`build[side](round)` makes a fresh instance of that side. Each round: build both (in random order),
     a first (cold) call and `warmup` more of each, kept out of the estimate, untimed calls while its first
     call and they have taken less than `warm_ms`, then `pairs` pairs (more for a short step with `pairs_ms`),
@@ -268,7 +282,9 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     The one rounds loop: a plain A/B is one round of one instance a side, side by side and A/B with rounds
     are many, and a distributed rank runs the same loop with its barrier as the sampler's `before_sample`.
     `after_build(r)` runs once both sides of round r are built, `after_round(r)` once its pairs are taken
-    (a rank checks there that both sides start and end equal); neither is timed."""
+    (a rank checks there that both sides start and end equal); neither is timed. `timed_here` False: every
+    sample is timed in another process (`run_served`), so this one leaves its collector alone: a full collection
+    of a pytest process that has imported torch took 70 ms a scenario here, while both sides' processes waited."""
     if rounds < min_rounds or pairs < 1:
         raise ValueError(f"side by side needs at least {min_rounds} rounds and 1 pair, got {rounds} and {pairs}")
     if list(extend_to) != sorted(set(extend_to)) or any(n <= rounds for n in extend_to):
@@ -276,9 +292,9 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     if ahead not in ("switch", "always"):
         raise ValueError(f"ahead must be 'switch' or 'always', got {ahead!r}")
     runner = _Runner(build, sampler, random.Random(seed), after_build, after_round,
-                     single=rounds == 1 and not extend_to)
+                     single=rounds == 1 and not extend_to, paused=gc_paused if timed_here else nullcontext)
     plan = _Plan(pairs, warmup, warm_ms, pairs_ms, always_ahead=ahead == "always")
-    with gc_frozen():
+    with gc_frozen() if timed_here else nullcontext():
         for r in range(rounds):
             runner.round(r, plan)
         for target in extend_to:
@@ -309,8 +325,8 @@ class _Runner:
     """The state of a side-by-side run as its rounds go by."""
 
     def __init__(self, build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, rng: random.Random,
-                 after_build=None, after_round=None, single: bool = False):
-        self.build, self.sampler, self.rng = build, sampler, rng
+                 after_build=None, after_round=None, single: bool = False, paused=gc_paused):
+        self.build, self.sampler, self.rng, self.paused = build, sampler, rng, paused
         self.after_build, self.after_round = after_build, after_round
         self.single = single   # one round only: its samples are named without a round number
         self.last: str | None = None   # the side whose step ran last (on this machine, in whichever process)
@@ -336,6 +352,17 @@ class _Runner:
         """The first call of `side`'s instance (its cold observation), then untimed calls up to `plan.warm_ms`."""
         self.cold[side].append(self.timed(side, what))
         self.warmed(side, plan.warm_ms - self.cold[side][-1].primary_ms, where)
+
+    def first_then_paired(self, side: str, plan: "_Plan", what: str, where: str, pair: str) -> Sample:
+        """`first`, then `paired`: in one request where the instance lives in another process."""
+        i = self.inst[side]
+        if i.remote_first is None:
+            self.first(side, plan, what, where)
+            return self.paired(side, pair, plan.always_ahead)
+        self.last = side
+        cold, sample = on_side(side, lambda: i.remote_first(plan.warm_ms, plan.always_ahead))
+        self.cold[side].append(cold)
+        return sample
 
     def warmed(self, side: str, ms: float, what: str) -> None:
         i = self.inst[side]
@@ -374,13 +401,15 @@ class _Runner:
                 self.timed(side, f"warmup {w}{of}")
         got: dict[str, list[Sample]] = {s: [] for s in SIDES}
         order = firsts if late else [self.last, *(s for s in SIDES if s != self.last)]
-        with gc_paused():
+        with self.paused():
             for p in range(plan.pairs):
                 for side in order:
                     if side in late:
                         late.discard(side)
-                        self.first(side, plan, f"the first call{of}", f"round {r}")
-                    got[side].append(self.paired(side, f"pair {p}{of}", plan.always_ahead))
+                        got[side].append(self.first_then_paired(side, plan, f"the first call{of}", f"round {r}",
+                                                                f"pair {p}{of}"))
+                    else:
+                        got[side].append(self.paired(side, f"pair {p}{of}", plan.always_ahead))
                 order.reverse()
         for side in SIDES:
             self.samples[side].append(tuple(got[side]))
@@ -411,7 +440,7 @@ def run_served(servers: Mapping[str, Any], sampler: Sampler, *, threads: int | N
                     started.add((r, s))
                     on_side(s, lambda: servers[s].start_round(cpus))
             return Instance(fn=lambda: None, remote=servers[side].sample, remote_warm=servers[side].warm,
-                            scenario=servers[side].built())
+                            remote_first=servers[side].first_then_sample, scenario=servers[side].built())
         return build
 
     def after_round(r: int) -> None:
@@ -419,7 +448,7 @@ def run_served(servers: Mapping[str, Any], sampler: Sampler, *, threads: int | N
             on_side(side, servers[side].start_end)
         for side in SIDES:
             on_side(side, servers[side].ended)
-    return run_rounds({s: builder(s) for s in SIDES}, sampler, after_round=after_round, **rounds_kw)
+    return run_rounds({s: builder(s) for s in SIDES}, sampler, after_round=after_round, timed_here=False, **rounds_kw)
 
 
 def with_servers(spawn: Mapping[str, Callable[[int], Any]], k: int, work: Callable[[Mapping[str, Any]], Any], *,

@@ -121,6 +121,52 @@ def shared_cpus(rng, threads: int | None, allowed: set[int] | None = None) -> tu
     return tuple(sorted(rng.sample(sorted(allowed), want)))
 
 
+def node_cpus() -> list[set[int]] | None:
+    """The CPUs of each memory (NUMA) node, from Linux's sysfs; None where it cannot be read."""
+    root = "/sys/devices/system/node"
+    try:
+        names = [n for n in os.listdir(root) if n.startswith("node") and n[4:].isdigit()]
+        nodes = []
+        for name in sorted(names):
+            with open(f"{root}/{name}/cpulist") as f:
+                nodes.append(cpu_list(f.read()))
+    except (OSError, ValueError):
+        return None
+    return nodes or None
+
+
+def cpu_list(text: str) -> set[int]:
+    """Linux's CPU list format ("0-3,8,10-11") as a set; ValueError where it is not one."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def build_cpus(cpus, allowed: set[int] | None = None, nodes: list[set[int]] | None = None):
+    """Where a round's process builds its instance before it is held to `cpus` for its samples: every CPU it may
+    use (`allowed`, default its own affinity) on the memory nodes of `cpus` (`nodes`, default read off the system),
+    so that the two sides' processes build at once, and their memory is placed on the nodes they will run on (a
+    page goes to the node of the CPU that first touches it). `cpus` itself where the nodes cannot be told; None
+    where `cpus` is None."""
+    if cpus is None:
+        return None
+    nodes = node_cpus() if nodes is None else nodes
+    if allowed is None:
+        try:
+            allowed = os.sched_getaffinity(0)
+        except (AttributeError, OSError):
+            return tuple(cpus)
+    held = set(cpus)
+    near = set().union(*(n for n in nodes or () if n & held)) & set(allowed)
+    if not nodes or not held <= near:
+        return tuple(cpus)
+    return tuple(sorted(near))
+
+
 def hold_to(cpus) -> None:
     """This process, its threads and those it starts from now on, on `cpus` only; nothing where `cpus` is None."""
     if cpus is None or not hasattr(os, "sched_setaffinity"):

@@ -18,6 +18,8 @@ line goes each way per step:
   {"cmd": "sample", ahead}             {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`;
                                                                        `ahead`: after an untimed call of the step
   {"cmd": "warm", "ms"}                {"warmed": calls}               untimed calls for `ms` (`protocol.warm_for`)
+  {"cmd": "first", warm_ms, ahead}     {"first": [host_ms, gpu_ms],    the round's first call, warm calls, then a
+                                        "host_ms", "gpu_ms"}            sample, in one go (`first_then_sample`)
   {"cmd": "profile"}                   {"op_times": {op: [ms, calls]}} a profiler pass of the first run's
                                                                        step, after the rounds, in a child forked
                                                                        from the server
@@ -40,6 +42,7 @@ Failures come back as {"error": "..."}.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import random
@@ -91,6 +94,7 @@ class ServeState:
         self.fork = True                    # rounds in forked children (decided by the item's first run)
         self.failure: str | None = None     # this run's own failure, when it had one
         self.ended_by: str | None = None    # how this run's serving ended: "end", "quit", "failed"
+        self.places: tuple | None = None    # a round's child: (CPUs held to for its samples, CPUs it builds on)
 
     def begin(self, scenario: str) -> None:
         self.requested = scenario
@@ -171,7 +175,7 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
     """Rounds of the item's scenario until the parent says "done" (or "quit", or is gone): returned. Each "round"
     runs the test item afresh (`run_item`: its function-scoped fixtures, then the test, whose bench.run serves the
     round with `serve_round`), in a child forked from this server where `state.fork`."""
-    from bench_core.timing.sampling import hold_to, set_threads
+    from bench_core.timing.sampling import build_cpus, hold_to, set_threads
 
     channel = state.channel
     while True:
@@ -196,8 +200,15 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
             channel.send({"ended": 0})
             continue
         def round_child(cpus=doc.get("cpus")) -> int:
+            # what the server made is frozen out of the child's collections, as one process freezes what exists
+            # before its rounds (`sampling.gc_frozen`): a collection that walked it cost 7 ms in a sample here, and
+            # wrote to the pages of every object it walked, which a forked child then copies
+            gc.freeze()
             _scatter_heap(random.Random(int.from_bytes(os.urandom(8), "little")))
-            hold_to(cpus)   # before its threads start: they inherit it
+            # it builds beside the other side's child, on the CPUs near its own (`build_cpus`), and is held to
+            # `cpus` before its first call (`serve_round`): held to one CPU, the two builds took turns
+            state.places = (cpus, build_cpus(cpus))
+            hold_to(state.places[1])   # before its threads start: they inherit it
             set_threads(state.threads)
             run_item()
             if not state.reached:
@@ -252,23 +263,42 @@ def _profiled(state: ServeState) -> dict:
         return {"error": f"profiler pass: {type(exc).__name__}: {exc}"}
 
 
-def serve_round(channel: Channel, inst, sampler) -> str:
+def serve_round(channel: Channel, inst, sampler, places: tuple | None = None) -> str:
     """One round's instance (`inst`, this run of the test's), sampled until another command than "sample" comes
-    (returned; "quit" when the parent is gone)."""
+    (returned; "quit" when the parent is gone). `places`: (the CPUs to hold this process to for its samples, the
+    CPUs it built on and ends on, beside the other side's), as `ServeState.places`."""
     from bench_core.files.storage import scenario_doc
-    from bench_core.timing.protocol import sample_of, warm_for
+    from bench_core.timing.sampling import gc_paused, hold_to
 
-    channel.send({"built": None if inst.scenario is None else scenario_doc(inst.scenario), "pid": os.getpid()})
     if inst.clock is not None:   # the clock the test asked for (a test's fake), as in one process
         sampler = type(sampler)(sampler.scenario, sampler.backend, inst.clock)
+    held, wide = places or (None, None)
+    hold_to(held)
+    # as one process takes its pairs: no collection lands in a sample; the one before them comes before "built",
+    # so that it never runs beside the other side's first call
+    with gc_paused():
+        channel.send({"built": None if inst.scenario is None else scenario_doc(inst.scenario), "pid": os.getpid()})
+        cmd = _serve_samples(channel, inst, sampler)
+    hold_to(wide)   # the test's teardown and the process's end, beside the other side's
+    return cmd
+
+
+def _serve_samples(channel: Channel, inst, sampler) -> str:
+    """`serve_round`'s loop: returns the first command that is neither "sample", "first" nor "warm"."""
+    from bench_core.timing.protocol import first_then_sample, sample_of, warm_for
+
     while True:
         doc = channel.recv()
         cmd = "quit" if doc is None else doc.get("cmd")
-        if cmd not in ("sample", "warm"):
+        if cmd not in ("sample", "first", "warm"):
             return cmd
         try:
             if cmd == "warm":
                 channel.send({"warmed": warm_for(sampler, inst, float(doc["ms"]), "the round's instance")})
+                continue
+            if cmd == "first":
+                cold, s = first_then_sample(sampler, inst, float(doc["warm_ms"]), bool(doc.get("ahead")))
+                channel.send({"first": [cold.host_ms, cold.gpu_ms], "host_ms": s.host_ms, "gpu_ms": s.gpu_ms})
                 continue
             s = sample_of(sampler, inst, "a sample", bool(doc.get("ahead")))
             channel.send({"host_ms": s.host_ms, "gpu_ms": s.gpu_ms})
@@ -377,6 +407,14 @@ class Worker:
 
         out = self._send({"cmd": "sample", "ahead": ahead}, "host_ms")
         return Sample(out["host_ms"], out["gpu_ms"])
+
+    def first_then_sample(self, warm_ms: float, ahead: bool = False):
+        """The round's first call, untimed calls up to `warm_ms`, then a sample, in one request
+        (`protocol.first_then_sample`): (the first call's sample, the sample)."""
+        from bench_core.timing.sampling import Sample
+
+        out = self._send({"cmd": "first", "warm_ms": warm_ms, "ahead": ahead}, "first")
+        return Sample(*out["first"]), Sample(out["host_ms"], out["gpu_ms"])
 
     def warm(self, ms: float) -> int:
         """Untimed calls of the round's fresh instance, in its process, while they have taken less than `ms`."""
