@@ -496,6 +496,48 @@ def test_shared_cpus_draws_the_threads_a_round_may_use_or_nothing_where_that_is_
     assert shared_cpus(rng, None, {0, 1, 2}) is None            # torch's own count: every CPU
 
 
+def test_a_round_is_held_to_cpus_the_last_round_left_free_so_a_busy_cpu_is_left_alone():
+    """#27: held to a CPU drawn at random, half of the rounds beside a busy process ran at half speed (loaded
+    process-mode trials cost 5.5x a plain run, which the scheduler puts on the free CPU)."""
+    import random
+
+    from bench_core.timing.sampling import busy_shares, cpu_ticks, shared_cpus
+
+    text = "cpu  9 0 9 9 0 0 0 0 0 0\ncpu0 10 0 5 80 5 0 0 0 0 0\ncpu1 1 2 3 4 5 6 7 8 0 0\nintr 5 0\n"
+    assert cpu_ticks(text) == {0: (15, 100), 1: (27, 36)}
+    assert cpu_ticks("intr 5\n") is None
+    assert busy_shares({0: (15, 100), 1: (27, 36)}, {0: (25, 110), 1: (28, 46)}) == {0: 1.0, 1: 0.1}
+    assert busy_shares(None, {0: (1, 2)}) is None and busy_shares({0: (1, 2)}, {0: (1, 2)}) is None
+    rng = random.Random(5)
+    assert shared_cpus(rng, 1, {0, 1}, {0: 1.0, 1: 0.1}, last=(0,)) == (1,)     # away from the busy one
+    assert shared_cpus(rng, 1, {0, 1}, {0: 1.0, 1: 0.6}, last=(1,)) == (1,)     # its own round kept it busy: kept
+    quiet = {c: 0.05 for c in range(4)}
+    drawn = {shared_cpus(rng, 1, set(range(4)), quiet, last=(2,)) for _ in range(60)}
+    assert drawn == {(0,), (1,), (3,)}                                          # a quiet machine: drawn afresh
+    two = {shared_cpus(rng, 2, set(range(4)), {0: 0.6, 1: 0.6, 2: 0.9, 3: 0.1}, last=(0, 1)) for _ in range(40)}
+    assert two == {(0, 3), (1, 3)}                                              # topped up from the last round's
+    assert shared_cpus(rng, 1, {0, 1}, {0: 0.9, 1: 0.7}, last=(5,)) == (1,)     # none free: the least busy
+
+
+def test_served_rounds_leave_a_cpu_that_other_work_keeps_busy(monkeypatch):
+    import os
+
+    from bench_core.timing.protocol import run_served
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    reads = []
+
+    def ticks():   # CPU 0 busy all the time with other work; CPU 1 busy a third of the time
+        n = len(reads)
+        reads.append(n)
+        return {0: (10 * n, 10 * n), 1: (3 * n, 10 * n)}
+    servers = {side: _FakeServer(side, ms) for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
+    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=12, pairs=2, threads=1, ticks=ticks)
+    held = servers["baseline"].cpus
+    assert held == servers["candidate"].cpus and len(reads) == 12
+    assert set(held[1:]) == {(1,)}   # after round 0, which has nothing to go by
+
+
 def test_a_rounds_process_builds_on_every_cpu_of_the_memory_nodes_it_will_run_on():
     from bench_core.timing.sampling import build_cpus, cpu_list
 
@@ -520,7 +562,9 @@ def test_both_servers_of_a_round_hold_it_to_the_same_cpus_drawn_afresh_each_roun
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     servers = {side: _FakeServer(side, ms) for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
-    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=12, pairs=2, threads=threads)
+    # /proc/stat unread (as off Linux): drawn at random each round, whatever else this machine is running
+    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=12, pairs=2, threads=threads,
+               ticks=lambda: None)
     assert servers["baseline"].cpus == servers["candidate"].cpus and len(servers["baseline"].cpus) == 12
     if threads is None:
         assert set(servers["baseline"].cpus) == {None}

@@ -47,7 +47,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from bench_core.core.errors import ScenarioError
-from bench_core.timing.sampling import Sample, Sampler, gc_frozen, gc_paused, shared_cpus
+from bench_core.timing.sampling import (Sample, Sampler, busy_shares, cpu_ticks, gc_frozen, gc_paused,
+                                        shared_cpus)
 
 SIDES = ("baseline", "candidate")
 
@@ -422,20 +423,29 @@ class _Runner:
                       {k: tuple(v) for k, v in self.cold.items()}, dict(self.load_ms), seed, dict(self.scenarios))
 
 
-def run_served(servers: Mapping[str, Any], sampler: Sampler, *, threads: int | None = None, **rounds_kw) -> Rounds:
+def run_served(servers: Mapping[str, Any], sampler: Sampler, *, threads: int | None = None,
+               ticks: Callable[[], Mapping[int, tuple[int, int]] | None] = cpu_ticks, **rounds_kw) -> Rounds:
     """Rounds whose instances live in other processes (`servers[side]`, a `worker.Worker` serving its test): each
     round each server makes a fresh instance (`start_round(cpus)`), held with the other side's to the same
-    `threads` CPUs, drawn afresh each round (`sampling.shared_cpus`), samples are asked for (`sample()`), and the
+    `threads` CPUs, drawn afresh each round from those the last round left free (`sampling.shared_cpus`, with
+    `ticks()` read at each round's start: `sampling.cpu_ticks`), samples are asked for (`sample()`), and the
     instance goes when the round ends (`end_round()`). `rounds_kw` are `run_rounds`'s."""
     started: set[tuple[int, str]] = set()
     places = random.Random(rounds_kw.get("seed", 0) + 0x5EED)   # its own stream: the call order stays the seed's
+    last: dict[str, Any] = {"ticks": None, "cpus": None}
+
+    def draw() -> tuple[int, ...] | None:
+        now = ticks()
+        last["cpus"] = shared_cpus(places, threads, busy=busy_shares(last["ticks"], now), last=last["cpus"])
+        last["ticks"] = now
+        return last["cpus"]
 
     def builder(side: str):
         def build(r: int) -> Instance:
             # both servers asked at once: their children fork and set up side by side, untimed, and the first
             # instance built waits for the other before any call is timed (run_rounds builds both first)
             if (r, side) not in started:
-                cpus = shared_cpus(places, threads)
+                cpus = draw()
                 for s in SIDES:
                     started.add((r, s))
                     on_side(s, lambda: servers[s].start_round(cpus))

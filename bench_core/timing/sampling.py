@@ -101,7 +101,8 @@ def set_threads(threads: int | None) -> int | None:
     return torch.get_num_threads()
 
 
-def shared_cpus(rng, threads: int | None, allowed: set[int] | None = None) -> tuple[int, ...] | None:
+def shared_cpus(rng, threads: int | None, allowed: set[int] | None = None, busy: Mapping[int, float] | None = None,
+                last: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
     """The CPUs that both processes of one round are held to: `threads` of the CPUs this process may use (`allowed`,
     default: its own affinity), drawn with `rng`; None where that would be all of them (nothing to hold) or the
     system cannot say.
@@ -109,7 +110,14 @@ def shared_cpus(rng, threads: int | None, allowed: set[int] | None = None) -> tu
     Why: a process that waits on a pipe wakes on the CPU it last ran on, so two sides in two processes each keep a
     CPU of their own for a round. A CPU slowed for seconds (its host's other guests, the interrupts it handles) is
     then one side's bias, not noise both sides share, as it is when both sides take turns on one thread. Held to
-    the same CPUs, drawn afresh each round, that bias falls on both sides of a round alike."""
+    the same CPUs, drawn afresh each round, that bias falls on both sides of a round alike.
+
+    Which: given `busy` (per CPU, the share of the last round it was busy, `busy_shares`) and the CPUs the last
+    round held (`last`), the draw is from the CPUs the last round left free (busy under `FREE_BELOW`), topped up
+    with `last`'s, then the least busy. A CPU that other work keeps busy is left alone, as the system's scheduler
+    leaves it to a plain run; held to a random CPU, half of the rounds beside a busy process ran at half speed. The
+    last round's CPUs are busy with the round itself, so they are not told apart: they are kept where no other CPU
+    is free."""
     if allowed is None:
         try:
             allowed = os.sched_getaffinity(0)
@@ -118,7 +126,50 @@ def shared_cpus(rng, threads: int | None, allowed: set[int] | None = None) -> tu
     want = len(allowed) if threads is None else threads
     if want >= len(allowed):
         return None
-    return tuple(sorted(rng.sample(sorted(allowed), want)))
+    if busy is None or last is None:
+        return tuple(sorted(rng.sample(sorted(allowed), want)))
+    free = [c for c in sorted(allowed) if c not in last and busy.get(c, 1.0) < FREE_BELOW]
+    held = [c for c in sorted(last) if c in allowed]
+    rest = sorted((c for c in allowed if c not in free and c not in held), key=lambda c: busy.get(c, 1.0))
+    chosen = rng.sample(free, min(want, len(free)))
+    chosen += rng.sample(held, min(want - len(chosen), len(held)))
+    chosen += rest[:want - len(chosen)]
+    return tuple(sorted(chosen))
+
+
+FREE_BELOW = 0.5   # a CPU busy for under half of the last round counts as free: the round's own parent, its builds
+                   # and ends take a part of a short step's round, a process that keeps a CPU busy takes all of it
+
+
+def cpu_ticks(text: str | None = None) -> dict[int, tuple[int, int]] | None:
+    """Per CPU, (busy, all) clock ticks since boot, from Linux's /proc/stat (`text`, default read): busy counts
+    user, nice, system, irq, softirq and steal (time the hypervisor gave another guest). None where unreadable."""
+    if text is None:
+        try:
+            with open("/proc/stat") as f:
+                text = f.read()
+        except OSError:
+            return None
+    out = {}
+    for line in text.splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and len(fields) >= 8:
+            user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+            busy = user + nice + system + irq + softirq + steal
+            out[int(name[3:])] = (busy, busy + idle + iowait)
+    return out or None
+
+
+def busy_shares(before: Mapping[int, tuple[int, int]] | None, after: Mapping[int, tuple[int, int]] | None):
+    """Per CPU, the share of the ticks between two `cpu_ticks` readings it was busy; None where either is missing or
+    no tick passed (a round shorter than a tick says nothing)."""
+    if not before or not after:
+        return None
+    out = {}
+    for cpu, (busy, total) in after.items():
+        if cpu in before and total > before[cpu][1]:
+            out[cpu] = (busy - before[cpu][0]) / (total - before[cpu][1])
+    return out or None
 
 
 def node_cpus() -> list[set[int]] | None:

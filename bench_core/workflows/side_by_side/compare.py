@@ -88,7 +88,7 @@ def _held_said(threads: int | None) -> str:
 
     from bench_core.timing.sampling import shared_cpus
 
-    return (", both of a round's children held to the same CPU(s), drawn per round"
+    return (", both of a round's children held to the same CPU(s), drawn per round from those other work left free"
             if shared_cpus(random.Random(0), threads) is not None else "")
 
 
