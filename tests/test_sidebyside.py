@@ -457,6 +457,29 @@ def test_a_possible_slowdown_runs_on_to_later_looks_and_is_decided_there():
     assert one.looks == 1 and "looks" not in one.adjustment
 
 
+def test_side_by_side_chases_a_slowdown_only_while_one_past_half_its_threshold_looks_likely():
+    """#27: a pair of processes keeps a bias of about 1%, so a memory-bound A/A looked slower than 1.0 at p < 0.2 in
+    10 of 24 sessions, and each ran on to 24 or 36 rounds to end "unchanged"."""
+    import math
+    from types import SimpleNamespace
+
+    from scipy import stats
+
+    from bench_core.deciding.sequential import possible_slowdown
+
+    def undecided(ratio, se=0.006, df=11):
+        p = float(stats.t.sf(math.log(ratio) / 0.006, df))
+        return SimpleNamespace(verdict=INCONCLUSIVE, unusable=False, ratio=ratio, p_value=p, se=se, df=df,
+                               slow_share=None, candidate_runs=12)
+    biased = undecided(1.012)                         # slower than 1.0 at p = 0.04: chased before
+    assert biased.p_value < 0.05 and possible_slowdown(biased, 0.2)
+    assert not possible_slowdown(biased, 0.2, beyond=0.01)    # past 1%: p = 0.37
+    assert possible_slowdown(undecided(1.02), 0.2, beyond=0.01) and possible_slowdown(undecided(1.04), 0.2, 0.01)
+    assert not possible_slowdown(undecided(0.99), 0.2, beyond=0.01)
+    no_interval = undecided(1.012, se=None)           # a comparison without a t-interval keeps the plain rule
+    assert possible_slowdown(no_interval, 0.2, beyond=0.01)
+
+
 @pytest.mark.parametrize("cand_ms", [5.0, 4.6])
 def test_unchanged_or_faster_looking_code_stops_at_the_first_look(cand_ms):
     c, rec = sequential(seed=11, cand_ms=cand_ms)

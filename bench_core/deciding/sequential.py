@@ -7,6 +7,7 @@ undecided answer is worth the cost. Pure: a comparison is read by its fields, ne
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from bench_core.deciding.verdicts import INCONCLUSIVE
@@ -25,16 +26,26 @@ def chase(undecided: bool, p_value: float | None, chase_p: float, beyond_reach: 
     return undecided and p_value is not None and p_value - beyond_reach < chase_p
 
 
-def possible_slowdown(c: Any, chase_p: float) -> bool:
+def possible_slowdown(c: Any, chase_p: float, beyond: float = 0.0) -> bool:
     """A comparison (gate or side by side), undecided and slower-looking at one-sided p < chase_p: what more
     evidence is spent on. Only possible slowdowns are chased: they are what fails CI, and evidence costs time.
 
     Under the two-level model p holds the chance that every candidate run was slow (share^m: one run in five,
     for a single run on a machine with 20% slow processes), which only more processes can rule out, so the
-    chase leaves it out (docs/gate.md measures what that is worth)."""
+    chase leaves it out (docs/gate.md measures what that is worth).
+
+    `beyond` (side by side: half the threshold): p is then that of a slowdown of more than `beyond`, where the
+    comparison has a t-interval (`se`, `df`). A verdict of slower needs the estimate past the threshold, and a
+    bias of about 1% that a pair of processes keeps made memory-bound A/A comparisons look slower than 1.0 at
+    p < 0.2 in 10 of 24 sessions, each then run to 24 or 36 rounds to say "unchanged" (docs/side-by-side.md)."""
     all_slow = c.slow_share ** c.candidate_runs if c.slow_share is not None else 0.0
     undecided = c.verdict == INCONCLUSIVE and not c.unusable and c.ratio is not None and c.ratio > 1
-    return chase(undecided, c.p_value, chase_p, all_slow)
+    p = c.p_value
+    if beyond > 0 and undecided and c.se and c.df:
+        from scipy import stats
+
+        p = float(stats.t.sf((math.log(c.ratio) - math.log1p(beyond)) / c.se, c.df))
+    return chase(undecided, p, chase_p, all_slow)
 
 
 def worth_replicating(c: Any, config: Any) -> bool:

@@ -349,7 +349,9 @@ class _Judge:
         return c
 
     def go_on(self, res) -> bool:   # in this process: timed as the Measurement below will be
-        return possible_slowdown(self(res, "cuda_event" if self.device == "cuda" else "host"), self.gate.chase_p)
+        # chased while a slowdown of more than half the threshold looks likely (`possible_slowdown`)
+        return possible_slowdown(self(res, "cuda_event" if self.device == "cuda" else "host"), self.gate.chase_p,
+                                 beyond=self.threshold / 2)
 
 
 def _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks=(), cold=None,
