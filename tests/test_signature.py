@@ -260,6 +260,21 @@ def test_self_times_from_the_profilers_raw_events_are_what_key_averages_gives():
     assert all(abs(fast[k][0] - slow[k][0]) <= 1e-6 * max(1.0, abs(slow[k][0])) for k in slow)
 
 
+def test_a_profiler_pass_does_not_import_the_compiler():
+    """torch.profiler's wrapper asks `hasattr(torch, "_inductor")`, which imports it: 0.79 s of a process's first pass
+    here, in each side's server for its first slower verdict (#27)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from bench_core.workflows.diagnose.moved import op_times\n"
+            "t = op_times(lambda: torch.ones(8, 8) @ torch.ones(8, 8), calls=2)\n"
+            "print(t['aten::mm'][1], 'torch._inductor' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["1", "False"]
+
+
 def test_an_ab_names_how_the_two_steps_differ(pytester):
     pytester.makepyfile(test_ab_signature_inner='''
 import torch

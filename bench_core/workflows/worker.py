@@ -87,7 +87,6 @@ class ServeState:
         self.instructions: str | None = init.get("instructions")   # under callgrind: count, into this folder
         self.device: str = init.get("device") or "cpu"
         self.step: tuple | None = None      # (fn, setup) of the item's first run, for a profiler pass
-        self.profiler_started = False       # the profiler has run once here (`_profile_reply`)
         self.requested: str | None = None   # the scenario the item under way is to serve
         self.round = False                  # this run of the item serves a round (else: it warms and counts)
         self.reached = False                # this run of the item reached bench.run for the scenario asked for
@@ -230,17 +229,13 @@ SERVED_PROFILE_CALLS = 2   # a verdict's explanation, not its evidence: two prof
 def _profile_reply(state: ServeState) -> None:
     """The parent's "profile", answered from a child forked from the server, where it may fork: profiler passes in
     the server itself changed what the next items' warming calls left for their children to inherit, and one side's
-    children then ran slow in every round (docs/side-by-side.md). The server starts the profiler once, on the first
-    request, over a tiny step: a process's first pass is slow, a pass in a child forked after that is not."""
+    children then ran slow in every round (docs/side-by-side.md)."""
     from bench_core.timing.sampling import set_threads
-    from bench_core.workflows.diagnose.moved import start_profiler
 
     if not state.fork:
         state.channel.send(_profiled(state))
         return
-    if not state.profiler_started:
-        start_profiler()
-        state.profiler_started = True
+
     def profile_child() -> int:
         set_threads(state.threads)
         state.channel.send(_profiled(state))

@@ -9,29 +9,20 @@ from typing import Any, Callable, Mapping
 CALLS = 5   # profiled calls of each side, after one unprofiled call
 
 
-def start_profiler() -> None:
-    """One profiler pass over a tiny step: a process's first pass is slow (most of a second, docs/side-by-side.md),
-    later ones in it, or in a child forked from it after this, are not."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]):
-        torch.zeros(1).add_(1)
-
-
 def op_times(fn: Callable[[], Any], setup: Callable[[], Any] | None = None, calls: int = CALLS,
              device: str = "cpu") -> dict[str, tuple[float, int]]:
     """Per operator: self time per step (ms; the device's own on CUDA) and calls per step, over `calls` calls."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.autograd import profiler
 
     def call():
         if setup is not None:
             setup()
         fn()
     call()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=acts) as prof:
+    # torch.autograd's profiler, not torch.profiler's wrapper: the wrapper asks `hasattr(torch, "_inductor")`, which
+    # imports the compiler (0.79 s in a process's first pass here, against 1 ms)
+    with profiler.profile(use_cpu=True, use_device="cuda" if device == "cuda" else None, use_kineto=True) as prof:
         for _ in range(calls):
             call()
         if device == "cuda":
@@ -57,7 +48,9 @@ def cpu_self_times(prof) -> dict[str, tuple[float, int]] | None:
     try:
         from torch.autograd import DeviceType
 
-        events = prof.profiler.kineto_results.events()
+        # torch.autograd's profiler holds them; torch.profiler's wraps one
+        results = getattr(prof, "kineto_results", None) or prof.profiler.kineto_results
+        events = results.events()
     except (AttributeError, ImportError, RuntimeError):
         return None
     counts: dict[str, int] = {}
