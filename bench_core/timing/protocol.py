@@ -251,8 +251,8 @@ def first_then_sample(sampler: Sampler, inst: Instance, warm_ms: float, ahead: b
                                                                                                       Sample]:
     """A round's first call of `inst` (its cold observation), untimed calls while they and it have taken less than
     `warm_ms`, then its first sample (after `ahead_of` where `ahead`), in one go: in a round's process, with no wait
-    on the parent between the first call and the sample. A wait there let the sample run slow: on the memory-bound
-    step, 10-16 first samples in 100 took 1.1-2.3x the rest (docs/side-by-side.md)."""
+    on the parent between the first call and the sample. Standalone, such a wait left a fresh child's second call
+    slow in 2-3 of 60 forks and none without it; in the suite, ten sessions each way could not tell the two apart."""
     cold = sample_of(sampler, inst, f"the first call{of}", False)
     if warm_ms - cold.primary_ms > 0:
         warm_for(sampler, inst, warm_ms - cold.primary_ms, f"the first call{of}")
