@@ -1,5 +1,6 @@
 """Side-by-side rounds with a fake clock: exact arithmetic, instance bias inside the interval, failures by side."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -187,9 +188,26 @@ def test_a_server_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needl
     assert w.proc.poll() is not None          # ended, not left behind
 
 
-def test_a_server_serves_each_round_from_a_freshly_forked_child_that_ends_with_its_round(tmp_path):
-    import os
+def test_a_server_runs_its_item_as_soon_as_it_is_assigned_so_a_pairs_first_runs_overlap(tmp_path):
+    """#27: the item was asked for inside wait_ready, so one side's first run (0.76 s for a CNN) waited for the
+    other's to end."""
+    import time
 
+    from bench_core.workflows.worker import Worker
+
+    init, spec = _worker_test(tmp_path, 'open("first_run", "w").close()\n    from bench_core import Scenario\n    '
+                                        'bench.run(Scenario("w", ("compute",)), lambda: None)')
+    with Worker(init, timeout_s=60) as w:
+        w.assign(spec)
+        deadline = time.monotonic() + 120   # the server's start (importing torch) on a loaded runner
+        while not (tmp_path / "first_run").exists() and w.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "first_run").exists(), w.log_tail()   # before anyone waited for it
+        w.wait_ready()
+        assert w.ran["pid"] == w.proc.pid and w.environment["python"]
+
+
+def test_a_server_serves_each_round_from_a_freshly_forked_child_that_ends_with_its_round(tmp_path):
     from bench_core.workflows.worker import Worker
 
     init, spec = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
@@ -224,8 +242,6 @@ def test_a_server_serves_each_round_from_a_freshly_forked_child_that_ends_with_i
 def test_a_round_child_builds_beside_the_other_and_samples_held_with_no_collection_of_its_servers_objects(tmp_path):
     """#27: held to one CPU from its start, the two sides' children built their instances by turns; and a round's
     child sampled with the collector on, over everything its server had made (7 ms in one sample here)."""
-    import os
-
     from bench_core.timing.sampling import build_cpus
     from bench_core.workflows.worker import Worker
 
@@ -255,7 +271,6 @@ def test_a_round_child_builds_beside_the_other_and_samples_held_with_no_collecti
 
 
 def test_a_round_child_ends_with_its_server_even_one_killed_outright(tmp_path):
-    import os
     import signal
     import time
 
@@ -292,8 +307,6 @@ def test_a_server_whose_code_prints_still_answers_and_its_prints_go_to_its_log(t
 
 
 def test_a_pool_serves_one_scenario_after_another_and_ends_a_server_that_failed(tmp_path):
-    import os
-
     from bench_core.workflows.worker import WorkerPool
 
     init, spec_w = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
@@ -543,8 +556,6 @@ def test_a_round_is_held_to_cpus_the_last_round_left_free_so_a_busy_cpu_is_left_
 
 
 def test_served_rounds_leave_a_cpu_that_other_work_keeps_busy(monkeypatch):
-    import os
-
     from bench_core.timing.protocol import run_served
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
@@ -579,8 +590,6 @@ def test_a_rounds_process_builds_on_every_cpu_of_the_memory_nodes_it_will_run_on
 def test_both_servers_of_a_round_hold_it_to_the_same_cpus_drawn_afresh_each_round(monkeypatch, threads):
     """#27: a process waiting on a pipe wakes on the CPU it last ran on, so each side kept a CPU of its own for a
     round, and a CPU slowed for a while was one side's bias."""
-    import os
-
     from bench_core.timing.protocol import run_served
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
@@ -656,7 +665,6 @@ def test_loaded_files_name_only_files_that_are_there(tmp_path, monkeypatch):
 
 def test_a_server_runs_the_untimed_call_ahead_of_a_sample_only_when_asked():
     import json
-    import os
 
     from bench_core.timing.protocol import Instance
     from bench_core.workflows.worker import Channel, serve_round
@@ -675,6 +683,27 @@ def test_a_server_runs_the_untimed_call_ahead_of_a_sample_only_when_asked():
         replies = [json.loads(line) for line in back]
     assert [set(r) for r in replies] == [{"built", "pid"}, {"host_ms", "gpu_ms"}, {"host_ms", "gpu_ms"}]
     assert calls == ["setup", "fn", "setup", "fn", "setup", "fn"]   # ahead: its own setup and call, then the sample
+
+
+def test_a_channel_reads_two_answers_that_came_in_one_write_without_waiting_for_a_third():
+    # a server's "ready" and its first item's "serving" may lie in the pipe together; waiting on the descriptor
+    # for the second would hang until the timeout
+    from bench_core.workflows.worker import Channel
+
+    r, w = os.pipe()
+    os.write(w, b'{"ready": 1}\n{"serving": "s"}\n{"par')
+    channel = Channel(r, os.open(os.devnull, os.O_WRONLY))
+    try:
+        assert channel.recv(timeout_s=0.0) == {"ready": 1}
+        assert channel.recv(timeout_s=0.0) == {"serving": "s"}
+        with pytest.raises(TimeoutError):        # half a line is not a line
+            channel.recv(timeout_s=0.0)
+        os.write(w, b't": 2}\n')
+        os.close(w)
+        assert channel.recv(timeout_s=1.0) == {"part": 2}
+        assert channel.recv(timeout_s=1.0) is None   # the pipe's end
+    finally:
+        channel.close()
 
 
 def test_a_fresh_instance_is_warmed_for_warm_ms_before_its_pairs_and_a_slow_one_gets_no_extra_call():

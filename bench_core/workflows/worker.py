@@ -51,6 +51,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -59,18 +60,45 @@ from bench_core.files import children
 
 
 class Channel:
-    """One JSON line each way over a pair of pipe ends."""
+    """One JSON line each way over a pair of pipe ends. Lines are read from the descriptor through a buffer of this
+    object's own, so that a line that came in with the one before it is never left unseen while `recv` waits on the
+    descriptor (a server answers "ready" and, soon after, its first item's "serving" to requests sent together)."""
 
     def __init__(self, rfd: int, wfd: int):
-        self.r, self.w = os.fdopen(rfd, "r"), os.fdopen(wfd, "w", buffering=1)
+        self.rfd, self.w = rfd, os.fdopen(wfd, "w", buffering=1)
+        self._pending = b""
 
-    def recv(self) -> dict | None:
-        line = self.r.readline()
+    def recv(self, timeout_s: float | None = None) -> dict | None:
+        """The next line's document; None at the end of the pipe. Raises TimeoutError when none came in
+        `timeout_s` (None: waits)."""
+        line = self.readline(timeout_s)
         return json.loads(line) if line else None
+
+    def readline(self, timeout_s: float | None = None) -> str:
+        """The next line ("" at the end of the pipe); TimeoutError when no whole line came in `timeout_s`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while b"\n" not in self._pending:
+            if deadline is not None:
+                ready, _, _ = select.select([self.rfd], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise TimeoutError
+            chunk = os.read(self.rfd, 1 << 16)
+            if not chunk:
+                return ""
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line.decode() + "\n"
 
     def send(self, doc: Mapping[str, Any]) -> None:
         self.w.write(json.dumps(doc) + "\n")
         self.w.flush()
+
+    def close(self) -> None:
+        if self.rfd >= 0:
+            os.close(self.rfd)
+            self.rfd = -1
+        if not self.w.closed:
+            self.w.close()
 
 
 # --- the server's side: runs inside the side's pytest process ---------------------------------------------------
@@ -357,8 +385,10 @@ class Worker:
         return self.proc.poll() is None
 
     def assign(self, spec: Mapping[str, Any]) -> None:
-        """The test item to serve next ({"scenario", "file", "function", "param_id"}), started by `wait_ready`, so
-        both sides of a pair start (and set up their items) side by side."""
+        """The test item to serve next ({"scenario", "file", "function", "param_id"}), asked for now: a server runs
+        it as soon as it has collected, so both sides of a pair set up their items side by side; `wait_ready`
+        waits for it."""
+        self._write({"cmd": "item", **spec})
         self._spec, self.scenario = dict(spec), spec["scenario"]
 
     def wait_ready(self) -> None:
@@ -369,8 +399,8 @@ class Worker:
             self.environment = {k: out.get(k) for k in ("python", "torch", "malloc")}
             self._started = True
         if self._spec is not None:
-            spec, self._spec = self._spec, None
-            out = self._send({"cmd": "item", **spec}, "serving")
+            self._spec = None
+            out = self._read("serving")
             self.ran = {"pid": out["pid"], "forked_rounds": out["fork"], "files": out["files"],
                         "kept": out.get("kept", []),
                         "forwarded": self.init.get("forwarded", []),
@@ -455,10 +485,11 @@ class Worker:
             pass  # the read that follows says why
 
     def _read(self, expect: str, timeout_s: float | None = None) -> dict:
-        ready, _, _ = select.select([self.channel.r], [], [], timeout_s or self.timeout_s)
-        line = self.channel.r.readline() if ready else ""
+        try:
+            line, why = self.channel.readline(timeout_s or self.timeout_s), "ended"
+        except TimeoutError:
+            line, why = "", "did not answer in time"
         if not line:
-            why = "did not answer in time" if not ready else "ended"
             self._kill()                      # a hung or broken server gets no polite goodbye
             err = self.log_tail()
             self.close()
@@ -496,9 +527,9 @@ class Worker:
         children.end(self.proc, others=[self.child] if self.child else [], still_ours=children.alive,
                      ask=self.ask_to_quit, grace_s=QUIT_GRACE_S)
         self.child = None
-        for stream in (self.channel.r, self.channel.w, self.log):
-            if not stream.closed:
-                stream.close()
+        self.channel.close()
+        if not self.log.closed:
+            self.log.close()
 
     def __enter__(self) -> "Worker":
         return self
