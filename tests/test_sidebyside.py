@@ -188,25 +188,6 @@ def test_a_server_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needl
     assert w.proc.poll() is not None          # ended, not left behind
 
 
-def test_a_server_runs_its_item_as_soon_as_it_is_assigned_so_a_pairs_first_runs_overlap(tmp_path):
-    """#27: the item was asked for inside wait_ready, so one side's first run (0.76 s for a CNN) waited for the
-    other's to end."""
-    import time
-
-    from bench_core.workflows.worker import Worker
-
-    init, spec = _worker_test(tmp_path, 'open("first_run", "w").close()\n    from bench_core import Scenario\n    '
-                                        'bench.run(Scenario("w", ("compute",)), lambda: None)')
-    with Worker(init, timeout_s=60) as w:
-        w.assign(spec)
-        deadline = time.monotonic() + 120   # the server's start (importing torch) on a loaded runner
-        while not (tmp_path / "first_run").exists() and w.alive and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert (tmp_path / "first_run").exists(), w.log_tail()   # before anyone waited for it
-        w.wait_ready()
-        assert w.ran["pid"] == w.proc.pid and w.environment["python"]
-
-
 def test_a_server_serves_each_round_from_a_freshly_forked_child_that_ends_with_its_round(tmp_path):
     from bench_core.workflows.worker import Worker
 
@@ -686,8 +667,8 @@ def test_a_server_runs_the_untimed_call_ahead_of_a_sample_only_when_asked():
 
 
 def test_a_channel_reads_two_answers_that_came_in_one_write_without_waiting_for_a_third():
-    # a server's "ready" and its first item's "serving" may lie in the pipe together; waiting on the descriptor
-    # for the second would hang until the timeout
+    # two answers may lie in the pipe together (requests sent ahead of their answers); waiting on the descriptor for
+    # the second would hang until the timeout
     from bench_core.workflows.worker import Channel
 
     r, w = os.pipe()

@@ -62,7 +62,7 @@ from bench_core.files import children
 class Channel:
     """One JSON line each way over a pair of pipe ends. Lines are read from the descriptor through a buffer of this
     object's own, so that a line that came in with the one before it is never left unseen while `recv` waits on the
-    descriptor (a server answers "ready" and, soon after, its first item's "serving" to requests sent together)."""
+    descriptor (as it would be where requests are sent ahead of their answers)."""
 
     def __init__(self, rfd: int, wfd: int):
         self.rfd, self.w = rfd, os.fdopen(wfd, "w", buffering=1)
@@ -385,10 +385,10 @@ class Worker:
         return self.proc.poll() is None
 
     def assign(self, spec: Mapping[str, Any]) -> None:
-        """The test item to serve next ({"scenario", "file", "function", "param_id"}), asked for now: a server runs
-        it as soon as it has collected, so both sides of a pair set up their items side by side; `wait_ready`
-        waits for it."""
-        self._write({"cmd": "item", **spec})
+        """The test item to serve next ({"scenario", "file", "function", "param_id"}), asked for by `wait_ready`.
+        A pair's servers run their items' first runs one after the other, not side by side: run together, on the
+        memory-bound A/A of `against_quality.py` the pair's estimate spread 3.9% over 50 sessions where its rounds
+        predicted 2.2% (one after the other: 2.7%; docs/side-by-side.md), so its rounds shared their server's bias."""
         self._spec, self.scenario = dict(spec), spec["scenario"]
 
     def wait_ready(self) -> None:
@@ -399,8 +399,8 @@ class Worker:
             self.environment = {k: out.get(k) for k in ("python", "torch", "malloc")}
             self._started = True
         if self._spec is not None:
-            self._spec = None
-            out = self._read("serving")
+            spec, self._spec = self._spec, None
+            out = self._send({"cmd": "item", **spec}, "serving")
             self.ran = {"pid": out["pid"], "forked_rounds": out["fork"], "files": out["files"],
                         "kept": out.get("kept", []),
                         "forwarded": self.init.get("forwarded", []),
