@@ -54,6 +54,29 @@ def test_bh_matches_scipy():
     assert adjust_pvalues(p, "bh") == pytest.approx(list(st.false_discovery_control(p)))
 
 
+def test_t_and_chi2_figures_are_scipy_stats_own_without_importing_it():
+    import subprocess
+    import sys
+
+    from bench_core.core.stats import chi2_quantile, t_interval, t_quantile, t_sf, t_test
+
+    for df in (1, 2.5, 11, 35, math.inf):
+        for x in (-3.0, 0.0, 0.7, 2.5, 12.0):
+            assert t_sf(x, df) == pytest.approx(st.t.sf(x, df), rel=1e-12)
+        assert t_test(-0.02, 0.01, df) == pytest.approx(st.t.sf(2.0, df), rel=1e-12)   # the direction observed
+        for p in (1e-6, 0.0025, 0.05, 0.4):
+            assert t_quantile(p, df) == pytest.approx(st.t.isf(p, df), rel=1e-12)
+        lo, hi = t_interval(0.1, 0.02, df, 0.99)
+        assert hi - 0.1 == pytest.approx(0.02 * st.t.ppf(0.995, df), rel=1e-12) and 0.1 - lo == pytest.approx(hi - 0.1)
+    np.testing.assert_allclose(chi2_quantile(np.array([0.001, 0.5, 0.999]), 4.5),
+                               st.chi2.ppf([0.001, 0.5, 0.999], 4.5), rtol=1e-12)
+    # a process-mode parent decides with these and nothing else of scipy.stats, whose import took 0.53 s here
+    code = ("import sys; from bench_core.deciding.rounds import over_rounds; o = over_rounds([0.01, 0.03, 0.02]); "
+            "o.p_one_sided(); o.interval(0.99); print('scipy.stats' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_adjust_refuses_bad_method_and_values():
     with pytest.raises(ValueError, match="unknown"):
         adjust_pvalues([0.1], "sidak")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from bench_core.core.stats import t_sf
 from bench_core.deciding.verdicts import INCONCLUSIVE
 
 
@@ -42,9 +43,7 @@ def possible_slowdown(c: Any, chase_p: float, beyond: float = 0.0) -> bool:
     undecided = c.verdict == INCONCLUSIVE and not c.unusable and c.ratio is not None and c.ratio > 1
     p = c.p_value
     if beyond > 0 and undecided and c.se and c.df:
-        from scipy import stats
-
-        p = float(stats.t.sf((math.log(c.ratio) - math.log1p(beyond)) / c.se, c.df))
+        p = t_sf((math.log(c.ratio) - math.log1p(beyond)) / c.se, c.df)
     return chase(undecided, p, chase_p, all_slow)
 
 
