@@ -3,6 +3,7 @@ its parent asks for, each up to its bench.run, and serves that scenario's rounds
 (`workflows.worker` has the protocol). Registered as a plugin only in a server; what pytest knows is read here."""
 from __future__ import annotations
 
+import atexit
 import os
 import platform
 import sys
@@ -25,7 +26,7 @@ def start(config, session) -> None:
 
 class _Hooks:
     def __init__(self, session):
-        self.session = session
+        self.session, self.pid = session, os.getpid()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session):
@@ -34,6 +35,20 @@ class _Hooks:
             return None   # collection failed: pytest reports it, the server ends, the parent reads its log
         serve_items(session.items, self.session.serving)
         return True
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self.status = int(exitstatus)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config):
+        """A server the parent asked to quit ends here, once pytest is done with it: its exit handlers run
+        (temporary folders, logging, the user's own), then the process ends without the interpreter taking down
+        every object one by one, 0.75 s of a CNN server's 0.92 s end here, while the parent waited for it."""
+        if self.session.serving.quit and os.getpid() == self.pid:
+            atexit._run_exitfuncs()
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(getattr(self, "status", 0))
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -56,6 +71,7 @@ def serve_items(items, state) -> None:
     while True:
         doc = state.channel.recv()
         if doc is None or doc.get("cmd") == "quit":
+            state.quit = True
             return
         if doc.get("cmd") != "item":
             state.channel.send({"error": f"expected an item, got {doc!r}"})
@@ -82,6 +98,7 @@ def serve_items(items, state) -> None:
             state.channel.send({"error": state.missed(item.nodeid)})
             continue
         if serve_rounds(state, run_item, item.nodeid) == "quit":
+            state.quit = True
             return
         state.channel.send({"item_done": doc["scenario"], "served": True})
 

@@ -122,6 +122,7 @@ class ServeState:
         self.failure: str | None = None     # this run's own failure, when it had one
         self.ended_by: str | None = None    # how this run's serving ended: "end", "quit", "failed"
         self.places: tuple | None = None    # a round's child: (CPUs held to for its samples, CPUs it builds on)
+        self.quit = False                   # the parent said "quit" (or is gone): the server ends
 
     def begin(self, scenario: str) -> None:
         self.requested = scenario
