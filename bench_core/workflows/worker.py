@@ -71,11 +71,10 @@ class Channel:
     def recv(self, timeout_s: float | None = None) -> dict | None:
         """The next line's document; None at the end of the pipe. Raises TimeoutError when none came in
         `timeout_s` (None: waits)."""
-        line = self.readline(timeout_s)
+        line = self._line(timeout_s)
         return json.loads(line) if line else None
 
-    def readline(self, timeout_s: float | None = None) -> str:
-        """The next line ("" at the end of the pipe); TimeoutError when no whole line came in `timeout_s`."""
+    def _line(self, timeout_s: float | None) -> str:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while b"\n" not in self._pending:
             if deadline is not None:
@@ -122,7 +121,6 @@ class ServeState:
         self.failure: str | None = None     # this run's own failure, when it had one
         self.ended_by: str | None = None    # how this run's serving ended: "end", "quit", "failed"
         self.places: tuple | None = None    # a round's child: (CPUs held to for its samples, CPUs it builds on)
-        self.quit = False                   # the parent said "quit" (or is gone): the server ends
 
     def begin(self, scenario: str) -> None:
         self.requested = scenario
@@ -487,16 +485,15 @@ class Worker:
 
     def _read(self, expect: str, timeout_s: float | None = None) -> dict:
         try:
-            line, why = self.channel.readline(timeout_s or self.timeout_s), "ended"
+            out, why = self.channel.recv(timeout_s or self.timeout_s), "ended"
         except TimeoutError:
-            line, why = "", "did not answer in time"
-        if not line:
+            out, why = None, "did not answer in time"
+        if out is None:
             self._kill()                      # a hung or broken server gets no polite goodbye
             err = self.log_tail()
             self.close()
             raise ScenarioError(self.scenario, f"the {self.side}'s process ({self._where()}) {why}:\n"
                                                f"{chr(10).join(err) or 'no output'}")
-        out = json.loads(line)
         if "error" in out:
             raise ScenarioError(self.scenario, f"{self.side}: {out['error']}")
         if expect not in out:
