@@ -341,3 +341,35 @@ def test_the_ranks_traces_together_say_communication_is_exposed_and_who_waits():
     hidden = rank_hypotheses([f(1000.0, 900.0), f(1000.0, 950.0)])
     assert hidden == []                                   # overlapped, and nobody waits
     assert rank_hypotheses([TraceFacts(3, 10000.0, False, None, {})] * 2) == []
+
+
+def _golden_trace(name):
+    import gzip
+    from pathlib import Path
+
+    path = Path(__file__).parent / "golden" / name
+    with (gzip.open(path, "rt") if name.endswith(".gz") else open(path)) as f:
+        return json.load(f)
+
+
+def test_the_rules_on_real_h200_traces():
+    """Two traces the profile pass wrote on an NVIDIA H200 (scripts/gpu_check.sh, 2026-12-04; docs/gpu.md): the
+    synthetic traces above stand in for these, so the rules are held to what a real GPU trace looks like."""
+    mm = _golden_trace("h200_trace_matmul_relu.json")
+    assert mm["deviceProperties"][0]["name"] == "NVIDIA H200"
+    f, found = analyze(mm["traceEvents"])
+    # the GPU copies of the step markers are in the trace, and not counted
+    markers = [e for e in mm["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert len(markers) == 6 and f.steps == 3
+    assert f.gpu_observed and f.kernel_us == pytest.approx(58.06, abs=0.01)
+    assert f.gpu_busy_us == pytest.approx(f.kernel_us, rel=1e-3)   # one stream, kernels back to back
+    assert [h.rule for h in found] == ["dominant_op"] and "gemm" in found[0].observation
+
+    cnn = _golden_trace("h200_trace_cnn_dataloader.json.gz")
+    f, found = analyze(cnn["traceEvents"])
+    assert f.steps == 3 and set(f.stage_us) == {"batch_read", "transfer", "forward", "backward", "optimizer_step"}
+    assert sum(f.stage_us.values()) <= f.step_us           # stages lie inside their step
+    assert f.kernel_us <= f.step_us and f.gpu_busy_us == pytest.approx(123.1, abs=0.1)
+    assert [h.rule for h in found] == ["input_bound"] and "372 us per step while a batch is read" in found[0].observation
+    _, secrets = redact(cnn)
+    assert not secrets      # what the profile pass kept of a real trace has nothing to redact
