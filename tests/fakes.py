@@ -66,6 +66,8 @@ class FakeGPU:
         # L2: what is resident, least recently used first; reading bytes that are not resident costs HBM time
         self.l2_bytes, self.l2_gb_s, self.hbm_gb_s = 50 * 2**20, 8000.0, 3000.0
         self.l2: OrderedDict[int, int] = OrderedDict()
+        self.read_fixed_ms = 0.0         # a reduction's own cost beside its bytes (ramp, passes); tens of us on an H200
+        self.read_jitter = None          # () -> ms added to a read: clocks and stalls that move from sample to sample
         gpu = self
 
         class Event:
@@ -226,7 +228,8 @@ class FakeBuffer:
         return self
 
     def sum(self) -> int:
-        self.gpu.launch(self.gpu.read_ms(self.key, self.nbytes))
+        gpu = self.gpu
+        gpu.launch(gpu.read_fixed_ms + gpu.read_ms(self.key, self.nbytes) + (gpu.read_jitter() if gpu.read_jitter else 0))
         return 0
 
 

@@ -181,6 +181,11 @@ def t_sf(x: float, df: float) -> float:
     return float(_sp.stdtr(df, -x))
 
 
+def sign_test(wins: int, n: int) -> float:
+    """One-sided p of at least `wins` of `n` pairs going one way when each way is as likely as the other."""
+    return 1.0 if wins <= 0 else float(_sp.bdtrc(wins - 1, n, 0.5))
+
+
 def t_test(d: float, se: float, df: float) -> float:
     """One-sided p of a t statistic d/se in the direction observed (df may be infinite: a normal)."""
     return t_sf(abs(d) / se, df)

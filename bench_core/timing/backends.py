@@ -106,11 +106,13 @@ class CudaBackend:
         return int(size) if size else None
 
     def buffer(self, nbytes: int):
+        """`nbytes` of device memory in 4-byte words: a float32 sum over it reads at memory speed, where a byte
+        tensor's sum (promoted to int64) is bound by arithmetic and cannot tell L2 from HBM (docs/gpu.md)."""
         if self._alloc is not None:
             return self._alloc(nbytes)
         import torch
 
-        return torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self._index()}")
+        return torch.zeros(nbytes // 4, dtype=torch.float32, device=f"cuda:{self._index()}")
 
     def capture(self, fn):
         """`fn` captured once as a CUDA graph: warmed up on a side stream first (as torch requires, so that lazy
