@@ -2,12 +2,19 @@
 # First contact with a lent GPU: every check that needs real hardware, in a few minutes. CI has no GPU.
 # Each step runs under its own time limit, its output and exit status are kept under $OUT, and a failing step
 # does not stop the ones after it: one crash must not hide what the rest would have shown.
+# GPU_CHECK_PACK=1 leaves $OUT holding two files, summary.txt and gpu_check.tar.gz (every log and artifact): for a
+# machine that returns only a few files from $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-$(mktemp -d)}"
-mkdir -p "$out"
+dest="${OUT:-$(mktemp -d)}"
+mkdir -p "$dest"
+if [[ "${GPU_CHECK_PACK:-0}" == 1 ]]; then out=$(mktemp -d); else out=$dest; fi
 summary="$out/summary.txt"
 : > "$summary"
+# a machine with its own torch and no network: bench_core itself, without touching what is installed
+python -c "import bench_core.shells.plugin" 2>/dev/null \
+  || python -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 \
+  || echo "bench_core could not be installed: see install.log"
 
 budget=${GPU_CHECK_BUDGET_S:-290}   # the whole check within 5 minutes of device time: later steps get what is left
 
@@ -49,4 +56,7 @@ step diagnose_gpu 90 python -m pytest benchmarks --gpu --bench-quick -q --bench-
   --bench-profile "$out/prof"
 echo "== summary =="
 cat "$summary"
+if [[ "$out" != "$dest" ]]; then
+  tar czf "$dest/gpu_check.tar.gz" -C "$out" . && cp "$summary" "$dest/summary.txt"
+fi
 ! grep -qv " rc=0 " "$summary"

@@ -307,3 +307,31 @@ def test_kernel_time_is_the_sum_of_kernel_durations_beside_event_and_end_to_end_
     head = hypotheses_table([], f, measured=m).splitlines()[1]
     assert "kernel time 300 us" in head and "event time 510 us" in head and "end-to-end 510 us" in head
     assert facts([ev[0], ev[1]]).kernel_us is None
+
+
+def test_the_gpu_check_on_a_machine_without_one_fails_each_step_it_ran_and_packs_what_it_saw(tmp_path):
+    """scripts/gpu_check.sh as a lent machine that returns only a few files runs it (GPU_CHECK_PACK=1), here on the
+    CPU with a budget of 16 s: each step it runs fails (no GPU), those it has no time for are skipped and say so, and
+    $OUT holds the summary and one archive of the logs."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_PACK": "1", "GPU_CHECK_BUDGET_S": "16",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0, done.stdout
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.tar.gz", "summary.txt"]
+    lines = (out / "summary.txt").read_text().splitlines()
+    assert len(lines) == 13 and lines[0].startswith("environment")
+    # no step passes without a GPU; what the budget no longer covered is skipped, and said
+    assert not any(" rc=0 " in line for line in lines)
+    assert all("budget is spent" in line for line in lines if "rc=skip" in line)
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"summary.txt", "environment.log"} <= names
