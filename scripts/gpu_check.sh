@@ -54,6 +54,10 @@ step benchmarks_gpu 120 python -m pytest benchmarks --gpu --bench-quick -q --ben
 step overlap_and_bandwidth 60 python -m pytest benchmarks --gpu -q -rA --bench-no-out -k "h2d"
 step diagnose_gpu 90 python -m pytest benchmarks --gpu --bench-quick -q --bench-no-out -k "train_step and cnn" \
   --bench-profile "$out/prof"
+# side by side on a GPU, where servers cannot fork (CUDA): pairs of processes are the unit. A/A, this tree against
+# itself in the same interpreter, so no git history is needed on the machine
+step against_gpu 120 python -m pytest benchmarks --gpu --bench-quick -q -rA --bench-no-out \
+  -k "mlp_forward_precision and float32" --bench-against-python python
 echo "== summary =="
 cat "$summary"
 if [[ "$out" != "$dest" ]]; then

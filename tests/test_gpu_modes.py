@@ -328,7 +328,7 @@ def test_the_gpu_check_on_a_machine_without_one_fails_each_step_it_ran_and_packs
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.tar.gz", "summary.txt"]
     lines = (out / "summary.txt").read_text().splitlines()
-    assert len(lines) == 13 and lines[0].startswith("environment")
+    assert len(lines) == 14 and lines[0].startswith("environment")
     # no step passes without a GPU; what the budget no longer covered is skipped, and said
     assert not any(" rc=0 " in line for line in lines)
     assert all("budget is spent" in line for line in lines if "rc=skip" in line)
