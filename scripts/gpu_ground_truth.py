@@ -144,7 +144,8 @@ def cache(out: Path) -> None:
     check("the self-check agrees, three times", all(f.colder for f in found),
           "; ".join(f"cold the slower in {f.colder_pairs}/{f.samples} pairs, fastest {f.cold_ms * 1e3:.1f} vs "
                     f"{f.hot_ms * 1e3:.1f} us" for f in found))
-    (out / "cache.json").write_text(dump({"l2_bytes": l2, "rounds": rounds, "self_checks": [f.to_dict() for f in found]}))
+    (out / "cache.json").write_text(dump({"l2_bytes": l2, "rounds": rounds,
+                                          "self_checks": [f.to_dict() for f in found]}))
 
 
 def graph(out: Path) -> None:

@@ -229,7 +229,8 @@ class FakeBuffer:
 
     def sum(self) -> int:
         gpu = self.gpu
-        gpu.launch(gpu.read_fixed_ms + gpu.read_ms(self.key, self.nbytes) + (gpu.read_jitter() if gpu.read_jitter else 0))
+        jitter = gpu.read_jitter() if gpu.read_jitter else 0.0
+        gpu.launch(gpu.read_fixed_ms + gpu.read_ms(self.key, self.nbytes) + jitter)
         return 0
 
 

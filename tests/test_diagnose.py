@@ -370,6 +370,7 @@ def test_the_rules_on_real_h200_traces():
     assert f.steps == 3 and set(f.stage_us) == {"batch_read", "transfer", "forward", "backward", "optimizer_step"}
     assert sum(f.stage_us.values()) <= f.step_us           # stages lie inside their step
     assert f.kernel_us <= f.step_us and f.gpu_busy_us == pytest.approx(123.1, abs=0.1)
-    assert [h.rule for h in found] == ["input_bound"] and "372 us per step while a batch is read" in found[0].observation
+    assert [h.rule for h in found] == ["input_bound"]
+    assert "372 us per step while a batch is read" in found[0].observation
     _, secrets = redact(cnn)
     assert not secrets      # what the profile pass kept of a real trace has nothing to redact
