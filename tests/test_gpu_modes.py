@@ -69,6 +69,7 @@ def test_the_self_check_sees_a_working_flush_and_says_when_the_flush_left_the_ca
     assert check["cold_ms"] == pytest.approx(0.01 + probe / (gpu.hbm_gb_s * 1e6), abs=6e-4)
     assert check["hot_ms"] == pytest.approx(0.01 + probe / (gpu.l2_gb_s * 1e6), abs=6e-4)
     assert not any("NOT colder" in line for line in gpu_timing_lines([m]))
+    assert any("the fastest of 40 cold-hot pairs; cold the slower in 40" in line for line in gpu_timing_lines([m]))
 
     clock, gpu, _ = _gpu()
     broken = CudaBackend(gpu, alloc=lambda n: _Bypassing(gpu, n) if n == 2 * gpu.l2_bytes else gpu.buffer(n))
@@ -95,6 +96,8 @@ def test_the_self_check_finds_a_working_flush_through_noise_larger_than_what_it_
     missing = [check(seed, flush_works=False) for seed in range(20)]
     assert not any(f.colder for f in missing)
     assert working[0].to_dict()["samples"] == caching.PROBE_SAMPLES == 40
+    with pytest.raises(ValueError, match="40 pairs cannot have 41"):
+        caching.CacheCheck(1, 1, 1.0, 1.0, 40, 41)
 
 
 class _Bypassing(FakeBuffer):

@@ -58,8 +58,8 @@ class CacheCheck:
 
     Colder means the cold sample was the slower one in more pairs than chance allows (a sign test at
     CHECK_ALPHA), not that it was slower by some share. What tells L2 from HBM on a probe is a few microseconds
-    (an H200's 30 MiB probe: 2-6 us of 22-38), the rest is fixed cost, and launch gaps and the GPU's clock move
-    that by as much again from one sample, and one process, to the next: a 5% threshold on medians of 10 called a
+    (an H200's 30 MiB probe: about 1.5-7 us of 21-40), the rest is fixed cost, and launch gaps and host stalls move
+    that by as much again from one sample, and one process, to the next (its SM clock held 1980 MHz throughout): a 5% threshold on medians of 10 called a
     working flush "not colder" in 1 of 3 processes there, and on the fastest of 20 in 1 of 6 (docs/gpu.md). Pairs
     cancel what drifts; a flush that misses leaves pairs that split about evenly, whatever the device's figures.
     With 40 pairs, a flush that makes cold the slower in 80% of pairs is found 96 times in 100."""
@@ -70,6 +70,10 @@ class CacheCheck:
     hot_ms: float
     samples: int
     colder_pairs: int
+
+    def __post_init__(self):
+        if not 0 <= self.colder_pairs <= self.samples or self.samples < 1:
+            raise ValueError(f"a cache check of {self.samples} pairs cannot have {self.colder_pairs} colder ones")
 
     @property
     def p(self) -> float:
@@ -83,13 +87,12 @@ class CacheCheck:
         return {**self.__dict__, "p": self.p, "colder": self.colder}
 
 
-def self_check(backend: Any, clock: Clock | None = None, flush: Flush | None = None,
-               share: float = PROBE_SHARE) -> CacheCheck:
-    """Time an L2-resident probe (`share` of the L2) cold (flushed before each sample, by `flush` where the
-    scenario has one already) and hot (read again right after), alternated."""
+def self_check(backend: Any, clock: Clock | None = None, flush: Flush | None = None) -> CacheCheck:
+    """Time an L2-resident probe cold (flushed before each sample, by `flush` where the scenario has one already)
+    and hot (read again right after), alternated."""
     flush = flush or Flush(backend, "cache self-check")
     l2 = flush.nbytes // FLUSH_FACTOR
-    probe = backend.buffer(int(share * l2))
+    probe = backend.buffer(int(PROBE_SHARE * l2))
     sampler = Sampler("cache self-check", backend, clock)
     for _ in range(PROBE_WARMUP):
         sampler.sample(probe.sum, what="the probe's first reads")
