@@ -69,6 +69,7 @@ class SessionConfig:
     serve: tuple[int, int] | None = None   # a side's server of --bench-against's process mode: its channel
     cache: str | None = None           # GPU: every sample's L2 "cold" (flushed) or "hot"; beats the scenario's
     graph: bool = False                # GPU: every step timed as a CUDA graph beside eagerly; or the scenario's
+    malloc: str = "pinned"             # glibc malloc's thresholds in the processes that measure: "pinned" or "as-is"
 
 
 class BenchSession:

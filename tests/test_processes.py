@@ -184,7 +184,7 @@ def test_every_round_rebuilds_the_tests_own_fixtures_and_the_modules_are_built_o
         assert not [p for w, p in here if w == "module" and p != pid]
 
     res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick",
-                        "--bench-against-malloc", "as-is", out="out-as-is")
+                        "--bench-malloc", "as-is", out="out-as-is")
     (rec,) = doc["against"]["scenarios"]
     assert "malloc" not in rec["method"]
     assert all(r[0]["malloc"] == {} for r in rec["code"]["processes_ran"].values())
@@ -205,11 +205,71 @@ def test_one_process_pins_glibc_malloc_thresholds_in_itself_and_says_so(pytester
     res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-quick")
     res.assert_outcomes(passed=2)
     assert all("one process, glibc malloc thresholds pinned" in r["method"] for r in doc["against"]["scenarios"])
-    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-quick", "--bench-against-malloc", "as-is",
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-quick", "--bench-malloc", "as-is",
                         out="out-as-is")
     assert not any("malloc" in r["method"] for r in doc["against"]["scenarios"])
+    assert doc["environment"]["malloc"] == "as-is"
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
     assert pin_malloc() is False                      # the user's own setting stands
+
+
+def test_every_measuring_process_gets_the_sessions_malloc_policy_and_results_record_it(monkeypatch, tmp_path):
+    """--bench-malloc: this process pinned (or not), the gate's fresh processes told by option, distributed ranks
+    by their spec, servers by their variables; the user's own variables win; the policy is a comparability field
+    where both results recorded it, and older records without it stay comparable."""
+    from types import SimpleNamespace
+
+    from bench_core.core.environment import differences
+    from bench_core.session import SessionConfig
+    from bench_core.shells.replay import replica_command
+    from bench_core.workflows.worker import PINNED_MALLOC, server_env, settle_malloc
+
+    for name in PINNED_MALLOC:
+        monkeypatch.delenv(name, raising=False)
+    assert settle_malloc("as-is") == "as-is" and settle_malloc("pinned", serving=True) == "as-is"
+    assert settle_malloc("pinned") == "pinned"
+    assert "MALLOC_MMAP_THRESHOLD_" not in __import__("os").environ   # this process's own: nothing else changed
+    assert {k: server_env([], "pinned")[k] for k in PINNED_MALLOC} == PINNED_MALLOC
+    assert not set(PINNED_MALLOC) & set(server_env([], "as-is"))
+    for name, value in PINNED_MALLOC.items():   # a server started with the pinned variables says so
+        monkeypatch.setenv(name, value)
+    assert settle_malloc("as-is", serving=True) == "pinned"
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    assert settle_malloc("pinned") == (f"set by the environment: MALLOC_MMAP_THRESHOLD_={1 << 20}, "
+                                       f"MALLOC_TRIM_THRESHOLD_={PINNED_MALLOC['MALLOC_TRIM_THRESHOLD_']}")
+
+    for policy in ("pinned", "as-is"):
+        session = SimpleNamespace(config=SessionConfig(results_dir=None, malloc=policy))
+        argv = replica_command(session, "t.py::test", tmp_path, None, tmp_path / "r.json", 1, 3)
+        assert f"--bench-malloc={policy}" in argv
+
+    cpu = {"device": "cpu", "cpu_model": "x", "cpu_count": 2}
+    assert differences({**cpu, "malloc": "pinned"}, {**cpu, "malloc": "as-is"}) == {"malloc": ("pinned", "as-is")}
+    assert differences({**cpu, "malloc": "pinned"}, cpu) == {}       # a record from before it was recorded
+
+    from bench_core.deciding.gate import compare_runs
+    from helpers import ENV, meas
+
+    c = compare_runs("s", [meas([1.0, 1.1, 0.9], env={**ENV, "malloc": "pinned"})],
+                     [meas([1.0, 1.1, 0.9], env={**ENV, "malloc": "as-is"})])
+    assert c.verdict == "incomparable" and "malloc: 'pinned' -> 'as-is'" in c.reason
+    assert "the same --bench-malloc" in c.reason
+
+
+def test_distributed_ranks_are_told_the_sessions_malloc_policy():
+    from types import SimpleNamespace
+
+    from bench_core.session import SessionConfig
+    from bench_core.workflows.distributed.launch import Topology
+    from bench_core.workflows.distributed.scenario import rank_spec
+
+    for recorded, pinned in (("pinned", True), ("as-is", False)):
+        session = SimpleNamespace(config=SessionConfig(results_dir=None), environment={"malloc": recorded}, errors=[])
+        assert rank_spec(session, "s", _rank_builder, Topology(2), None)["malloc_pinned"] is pinned
+
+
+def _rank_builder(ctx):   # a rank imports its builder from its file: module level
+    return lambda: None
 
 
 SIZED = CONFTEST + '''

@@ -23,9 +23,15 @@ COMPARABILITY_FIELDS = (
 # On the CPU the processor itself is the device: another model or core count is another machine.
 CPU_COMPARABILITY_FIELDS = ("cpu_model", "cpu_count")
 
+# Recorded only by later versions: compared where both records have them, so older baselines stay comparable.
+# `malloc`: glibc's thresholds pinned or left to move (`--bench-malloc`): a memory-bound step's runs spread 3.6-4.4%
+# pinned and 10-14% left alone, where some runs drew the slow way of reusing memory (docs/history.md).
+LATER_COMPARABILITY_FIELDS = ("malloc",)
+
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any], fields=None) -> dict:
     """The comparability fields where a and b disagree, as {field: (a, b)}."""
     if fields is None:
         fields = COMPARABILITY_FIELDS + (CPU_COMPARABILITY_FIELDS if "cpu" in (a.get("device"), b.get("device")) else ())
+        fields += tuple(f for f in LATER_COMPARABILITY_FIELDS if None not in (a.get(f), b.get(f)))
     return {f: (a.get(f), b.get(f)) for f in fields if a.get(f) != b.get(f)}

@@ -254,6 +254,8 @@ def estimate(
                   timer=cand_ref.timer, differences=diffs, looks=len(config.looks), min_runs=config.min_runs)
     if diffs and not config.allow_env_mismatch:
         what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diffs.items())
+        if "malloc" in diffs:   # a choice of the command line, not of the machine: say which one
+            what += " (take both with the same --bench-malloc, pinned by default, or re-save the baseline)"
         return Comparison(verdict=INCOMPARABLE, reason=f"differs: {what}", **common)
 
     b_pool = np.concatenate([m.primary_ms for m in baseline])

@@ -66,7 +66,7 @@ AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-
 NPROC, NNODES, NODE_RANK, RDZV = "--bench-nproc", "--bench-nnodes", "--bench-node-rank", "--bench-rdzv-endpoint"
 PB_JSON, REF_SAVE, REFS, REPLICA = "--bench-pb-json", "--bench-ref-save", "--bench-references", "--bench-replica"
 AGAINST_PROCESSES, AGAINST_PYTHON, SERVE = "--bench-against-processes", "--bench-against-python", "--bench-serve"
-AGAINST_MALLOC = "--bench-against-malloc"
+MALLOC = "--bench-malloc"
 CACHE, GRAPH = "--bench-cache", "--bench-graph"
 PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK = ("--bench-profile", "--bench-profile-shapes",
                                                           "--bench-profile-memory", "--bench-profile-stack")
@@ -90,11 +90,6 @@ def _against_options() -> tuple[Option, ...]:
         Option(AGAINST_PYTHON, "run the revision's side in this interpreter (another virtual environment: did the "
                                "torch upgrade slow my model?); alone, without --bench-against, the revision is this "
                                "tree, so the two sides differ only in their environments", str, metavar="PYTHON"),
-        Option(AGAINST_MALLOC, f"with --bench-against ({a('malloc')}): 'pinned' fixes glibc malloc's thresholds in "
-                               f"both sides' processes, or in this one where it holds both, so that a process does not "
-                               f"draw its own way of reusing freed memory (an 11-13% spread per round on a memory-bound "
-                               f"step, docs/side-by-side.md); 'as-is' leaves them to glibc", str,
-               choices=("pinned", "as-is")),
         Option(SERVE, "(used by --bench-against's process mode) serve test items to the process that started this "
                       "one, over pipe descriptors R,W", str, metavar="R,W"),
         Option(MAX_ROUNDS, "with --bench-against: a possible slowdown the first look leaves undecided runs on, a look "
@@ -107,6 +102,11 @@ def _options() -> tuple[Option, ...]:
     a = _against_default
     return (
         Option(GPU, "run scenarios on CUDA; stop at once if CUDA is not available"),
+        Option(MALLOC, "'pinned' (the default) fixes glibc malloc's thresholds in every process that measures (this "
+                       "one, the gate's fresh processes, both sides' servers, ranks), so that a process does not draw "
+                       "its own way of reusing freed memory (a memory-bound step's runs spread 10-14% left alone, "
+                       "3.6-4.4% pinned; docs/history.md); 'as-is' leaves them to glibc. Recorded with every result",
+               str, choices=("pinned", "as-is")),
         Option(WARMUP, "untimed warmup calls per scenario (overrides scenarios)", int),
         Option(REPEATS, "timed samples per scenario (overrides scenarios)", int),
         Option(QUICK, "smoke run: smallest sizes, 1 warmup, 5 samples"),
@@ -300,7 +300,7 @@ def against_config(value: Values):
         python = str(Path(found).absolute())
     return AgainstConfig(value(AGAINST), **{k: v for k, v in kw.items() if v is not None},
                          processes_only=value(AGAINST_PROCESSES), python=python,
-                         **({"malloc": value(AGAINST_MALLOC)} if value(AGAINST_MALLOC) is not None else {}))
+                         **({"malloc": value(MALLOC)} if value(MALLOC) is not None else {}))
 
 
 def no_growth(text: str | None) -> tuple[str, ...]:
@@ -342,7 +342,7 @@ def session_config(value: Values, root: Path, device: str):
         signature=value(SIGNATURE) or bool(value(NO_GROWTH)) or value(INSTRUCTIONS),
         instructions=value(INSTRUCTIONS), no_growth=no_growth(value(NO_GROWTH)),
         topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None,
-        serve=serve_fds(value), cache=value(CACHE), graph=bool(value(GRAPH)))
+        serve=serve_fds(value), cache=value(CACHE), graph=bool(value(GRAPH)), malloc=value(MALLOC) or "pinned")
     if cfg.cache or cfg.graph:
         mode = CACHE if cfg.cache else GRAPH
         if device == "cpu":

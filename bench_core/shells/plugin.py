@@ -31,6 +31,7 @@ def pytest_configure(config):
     from bench_core.files.machine import fingerprint
     from bench_core.session import BenchSession
     from bench_core.timing.devices import cuda_available
+    from bench_core.workflows import worker
 
     device = "cuda" if config.getoption(opt.GPU) else "cpu"
     if device == "cuda" and not cuda_available():
@@ -46,7 +47,8 @@ def pytest_configure(config):
             raise ValueError(f"under pytest-xdist ({shared}) each process runs only its share of the scenarios, so "
                              f"a baseline would be stored, or a gate decided, from a part of the suite: run the "
                              f"benchmarks without -n when storing or gating")
-        session = BenchSession(scfg, fingerprint(device, root=str(root)))
+        malloc = worker.settle_malloc(scfg.malloc, serving=scfg.serve is not None)
+        session = BenchSession(scfg, {**fingerprint(device, root=str(root)), "malloc": malloc})
         if config.getoption("verbose") > -2:   # -qq silences it
             session.watch(lambda line: _progress_line(config, line))
         config.stash[_KEY] = session

@@ -262,4 +262,5 @@ def replica_command(session, nodeid: str, root: Path, inipath, out: Path, warmup
     argv += [opt.GPU] if c.device == "cuda" else []
     argv += [f"{opt.CACHE}={c.cache}"] if c.cache else []    # a fresh process asks the same question
     argv += [opt.GRAPH] if c.graph else []
+    argv += [f"{opt.MALLOC}={c.malloc}"]       # pinned, it is in the variables the fresh process inherits as well
     return argv + ([opt.QUICK] if c.quick else [])

@@ -36,7 +36,7 @@ and measured to carry a fresh bias each, where the same process rebuilding its i
 one process is. The server runs one torch thread until it forks (a child of a process that ran OpenMP on more
 threads hangs), and the child takes the session's count. A server that has initialized CUDA cannot fork; it runs
 each round's item itself, and its process is then the unit. The servers' environment fixes glibc malloc's
-thresholds (`PINNED_MALLOC`), unless the user set them or asked otherwise (--bench-against-malloc as-is).
+thresholds (`PINNED_MALLOC`), unless the user set them or asked otherwise (--bench-malloc as-is).
 Failures come back as {"error": "..."}.
 """
 from __future__ import annotations
@@ -626,6 +626,21 @@ def pin_malloc() -> bool:
     trim = min(int(PINNED_MALLOC["MALLOC_TRIM_THRESHOLD_"]), 2 ** 31 - 1)
     return (mallopt(M_MMAP_THRESHOLD, int(PINNED_MALLOC["MALLOC_MMAP_THRESHOLD_"])) == 1
             and mallopt(M_TRIM_THRESHOLD, trim) == 1)
+
+
+def settle_malloc(asked: str, *, serving: bool = False) -> str:
+    """`--bench-malloc` applied to this process, said as the session's environment records it: "pinned", "as-is",
+    "set by the environment: ..." (the user's own `MALLOC_*` variables, which win), or "as-is: ..." where glibc
+    cannot be asked. The processes a session starts are told as well: the gate's fresh processes by the option,
+    distributed ranks by their spec, both sides' servers by their variables (`server_env`), which is what a server
+    (`serving`) goes by."""
+    own = {k: os.environ[k] for k in PINNED_MALLOC if k in os.environ}
+    if own:
+        return "pinned" if own == PINNED_MALLOC else "set by the environment: " + ", ".join(
+            f"{k}={v}" for k, v in sorted(own.items()))
+    if asked == "as-is" or serving:
+        return "as-is"
+    return "pinned" if pin_malloc() else "as-is: this C library has no glibc mallopt"
 
 
 def server_env(roots: list[str], malloc: str = "pinned") -> dict[str, str]:

@@ -235,6 +235,10 @@ class _Rank:
         self.on_gpu = spec["device"] == "cuda"
         self.device = f"cuda:{self.local_rank}" if self.on_gpu else "cpu"
         self.threads = set_threads(spec.get("threads"))
+        if spec.get("malloc_pinned"):   # as the session's own process (--bench-malloc), before anything is built
+            from bench_core.workflows.worker import pin_malloc
+
+            pin_malloc()
         self.builder = _load_builder(spec)
         self.ctx = RankContext(self.rank, self.world, self.local_rank, self.device, spec["quick"],
                                spec.get("params") or {})

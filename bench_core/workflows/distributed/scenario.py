@@ -69,6 +69,7 @@ def rank_spec(session, name: str, build: Callable, topology, params: Mapping[str
             "import_roots": [p for p in sys.path if p], "params": dict(params or {}),
             "device": session.config.device, "quick": session.config.quick, "seed": 0,
             "threads": session.config.threads, "backend": backend,
+            "malloc_pinned": session.environment.get("malloc") == "pinned",
             "collective_timeout_s": session.config.timeout_s or 1800, **mode}
 
 

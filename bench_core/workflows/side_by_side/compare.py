@@ -60,7 +60,7 @@ class AgainstConfig:
                              f"{min(self.processes, self.quick_processes)} (the interval comes from the spread between "
                              f"pairs)")
         if self.malloc not in ("pinned", "as-is"):
-            raise ValueError(f"--bench-against-malloc must be 'pinned' or 'as-is', got {self.malloc!r}")
+            raise ValueError(f"--bench-malloc must be 'pinned' or 'as-is', got {self.malloc!r}")
         if self.max_rounds is None:
             object.__setattr__(self, "max_rounds", 3 * self.rounds)
         if self.max_rounds < self.rounds:
@@ -102,14 +102,13 @@ def _pairs_said(pairs: int, a: AgainstConfig) -> str:
 
 
 def open_revision(session, root: Path) -> None:
-    """Extract --bench-against's revision and make it importable beside the current code; glibc malloc's
-    thresholds pinned in this process, as in process mode's servers (`--bench-against-malloc`), so that a step
-    that frees large blocks does not fault them in afresh on some calls and not others as the thresholds move."""
+    """Extract --bench-against's revision and make it importable beside the current code. (glibc malloc's
+    thresholds were pinned in this process at the session's start, `--bench-malloc`, as in process mode's servers,
+    so that a step that frees large blocks does not fault them in afresh on some calls and not others.)"""
     from bench_core.workflows.side_by_side.revisions import LoadedRevision
-    from bench_core.workflows.worker import pin_malloc
 
     session.revision = LoadedRevision(root, session.config.against.rev)
-    session.malloc_pinned = session.config.against.malloc == "pinned" and pin_malloc()
+    session.malloc_pinned = session.environment.get("malloc") == "pinned"
 
 
 def worker_pool(session):
