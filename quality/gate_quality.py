@@ -35,6 +35,8 @@ from bench_core import Scenario, measure
 from bench_core.files import storage
 from bench_core.files.machine import fingerprint
 from bench_core.timing.counts import DEFAULT_REPEATS, DEFAULT_WARMUP
+from bench_core.workflows.worker import settle_malloc
+malloc = settle_malloc(sys.argv[3])   # as the plugin does at a session's start (--bench-malloc)
 torch.manual_seed(0)
 factor, out = float(sys.argv[1]), sys.argv[2]
 a, b = torch.randn(256, 256), torch.randn(256, 256)
@@ -60,15 +62,15 @@ def cnn():
             conv(img)
 results = [measure(fn, scenario=Scenario(fn.__name__, ("compute",), {"variant": "A or B"}), warmup=DEFAULT_WARMUP,
                    repeats=DEFAULT_REPEATS, threads=1) for fn in (mm256, mm96, elementwise, cnn)]
-storage.write_session(out, results, fingerprint("cpu"))
+storage.write_session(out, results, {**fingerprint("cpu"), "malloc": malloc})
 """
 
 
-def run_processes(n: int, slowdown: float, folder: Path) -> None:
+def run_processes(n: int, slowdown: float, folder: Path, malloc: str = "pinned") -> None:
     for i in range(n):
         for label, factor in (("A", 1.0), ("B", 1.0 + slowdown)):  # alternate so both see the same machine
             sub = folder / f"{label}{i:02d}"
-            subprocess.run([sys.executable, "-c", WORKER, str(factor), str(sub)], check=True)
+            subprocess.run([sys.executable, "-c", WORKER, str(factor), str(sub), malloc], check=True)
             print(f"  run {label}{i:02d} done", file=sys.stderr)
 
 
@@ -135,6 +137,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slowdown", type=float, default=0.10)
     ap.add_argument("--trials", type=int, default=200, help="random draws of baseline and candidates per rate")
     ap.add_argument("--from-dir", default=None, help="reuse the runs of an earlier invocation")
+    ap.add_argument("--malloc", default="pinned", choices=("pinned", "as-is"),
+                    help="glibc malloc's thresholds in each process, as --bench-malloc (pinned: the suite's default)")
     ns = ap.parse_args(argv)
 
     import numpy as np
@@ -149,7 +153,7 @@ def main(argv=None) -> int:
     folder = Path(ns.from_dir) if ns.from_dir else Path(tempfile.mkdtemp(prefix="gate_quality-"))
     if not ns.from_dir:
         print(f"measuring {ns.runs} processes each of A and B (+{ns.slowdown:.0%} work) in {folder}", file=sys.stderr)
-        run_processes(ns.runs, ns.slowdown, folder)
+        run_processes(ns.runs, ns.slowdown, folder, ns.malloc)
     load = lambda label: [{m.name: m for m in storage.load_session(p)[1]}
                           for p in sorted(folder.glob(f"{label}*/session-*.json"))]
     runs_a, runs_b = load("A"), load("B")
