@@ -107,7 +107,6 @@ class BenchSession:
         self.baseline_notes: list[str] = []           # what makes the baseline hard to trust
         self.revision = None                          # revisions.LoadedRevision under --bench-against
         self.workers = None                           # worker.WorkerPool, once a scenario needs process mode
-        self.malloc_pinned = False                    # glibc malloc's thresholds fixed in this process (side by side)
         self.serving = None                           # worker.ServeState, in a side's server
         if config.compare is not None:
             self.baseline, self.prior, self.baseline_notes = stored_gate.load_baseline(config)

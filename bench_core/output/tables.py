@@ -181,8 +181,9 @@ def gpu_timing_lines(results: Sequence[Measurement]) -> list[str]:
                     f"{m.name}: cache hot: samples back to back, each finding what the one before left in L2")
             check = c.get("check")
             if check:
-                pairs = (f" (the fastest of {check['samples']} cold-hot pairs; cold the slower in {check['colder_pairs']})"
-                         if "colder_pairs" in check else "")   # records before the pairs: medians of 10
+                pairs = ("" if "colder_pairs" not in check else   # records before the pairs: medians of 10
+                         f" (the fastest of {check['samples']} cold-hot pairs; cold the slower in "
+                         f"{check['colder_pairs']})")
                 text += (f"; self-check on an L2-sized probe: {check['cold_ms'] * 1e3:.1f} us cold, "
                          f"{check['hot_ms'] * 1e3:.1f} us hot{pairs}" +
                          ("" if check["colder"] else " - NOT colder: the flush did not leave the cache cold on this "

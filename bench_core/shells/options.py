@@ -299,8 +299,7 @@ def against_config(value: Values):
                              f"environment's python, e.g. ../venv-torch212/bin/python)")
         python = str(Path(found).absolute())
     return AgainstConfig(value(AGAINST), **{k: v for k, v in kw.items() if v is not None},
-                         processes_only=value(AGAINST_PROCESSES), python=python,
-                         **({"malloc": value(MALLOC)} if value(MALLOC) is not None else {}))
+                         processes_only=value(AGAINST_PROCESSES), python=python)
 
 
 def no_growth(text: str | None) -> tuple[str, ...]:

@@ -166,7 +166,7 @@ def process_sides(session, request, name, path, function):
                               threads=c.threads, timeout_s=c.timeout_s) + forwarded
         init = {"side": label, "tree": str(tree), "python": python, "file": str(file), "roots": trees,
                 "forwarded": forwarded,
-                "threads": c.threads, "device": c.device, "argv": argv, "env": server_env(roots, c.against.malloc),
+                "threads": c.threads, "device": c.device, "argv": argv, "env": server_env(roots, c.malloc),
                 "signature": c.signature}
         spec = {"scenario": name, "file": str(file), "function": func,
                 "param_id": getattr(getattr(request.node, "callspec", None), "id", None)}
@@ -262,5 +262,5 @@ def replica_command(session, nodeid: str, root: Path, inipath, out: Path, warmup
     argv += [opt.GPU] if c.device == "cuda" else []
     argv += [f"{opt.CACHE}={c.cache}"] if c.cache else []    # a fresh process asks the same question
     argv += [opt.GRAPH] if c.graph else []
-    argv += [f"{opt.MALLOC}={c.malloc}"]       # pinned, it is in the variables the fresh process inherits as well
+    argv += [f"{opt.MALLOC}={c.malloc}"]       # the fresh process settles it itself, at its own start
     return argv + ([opt.QUICK] if c.quick else [])

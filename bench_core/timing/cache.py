@@ -59,8 +59,9 @@ class CacheCheck:
     Colder means the cold sample was the slower one in more pairs than chance allows (a sign test at
     CHECK_ALPHA), not that it was slower by some share. What tells L2 from HBM on a probe is a few microseconds
     (an H200's 30 MiB probe: about 1.5-7 us of 21-40), the rest is fixed cost, and launch gaps and host stalls move
-    that by as much again from one sample, and one process, to the next (its SM clock held 1980 MHz throughout): a 5% threshold on medians of 10 called a
-    working flush "not colder" in 1 of 3 processes there, and on the fastest of 20 in 1 of 6 (docs/gpu.md). Pairs
+    that by as much again from one sample, and one process, to the next (its SM clock held 1980 MHz throughout):
+    a 5% threshold on medians of 10 called a working flush "not colder" in 1 of 3 processes there, and on the
+    fastest of 20 in 1 of 6 (docs/gpu.md). Pairs
     cancel what drifts; a flush that misses leaves pairs that split about evenly, whatever the device's figures.
     With 40 pairs, a flush that makes cold the slower in 80% of pairs is found 96 times in 100."""
 

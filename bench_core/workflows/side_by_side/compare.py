@@ -49,7 +49,6 @@ class AgainstConfig:
     process_rounds: int = 2  # worker mode: rounds of fresh instances in each pair
     processes_only: bool = False   # every scenario in process mode, not only where one process cannot hold both
     python: str | None = None      # the revision's side in this interpreter (another environment)
-    malloc: str = "pinned"         # process mode: glibc malloc's thresholds fixed in both sides' servers, or "as-is"
 
     def __post_init__(self):
         if self.rounds < 3 or self.pairs < 1:
@@ -59,8 +58,6 @@ class AgainstConfig:
             raise ValueError(f"--bench-worker-pairs needs at least 3 pairs of processes, got "
                              f"{min(self.processes, self.quick_processes)} (the interval comes from the spread between "
                              f"pairs)")
-        if self.malloc not in ("pinned", "as-is"):
-            raise ValueError(f"--bench-malloc must be 'pinned' or 'as-is', got {self.malloc!r}")
         if self.max_rounds is None:
             object.__setattr__(self, "max_rounds", 3 * self.rounds)
         if self.max_rounds < self.rounds:
@@ -108,7 +105,6 @@ def open_revision(session, root: Path) -> None:
     from bench_core.workflows.side_by_side.revisions import LoadedRevision
 
     session.revision = LoadedRevision(root, session.config.against.rev)
-    session.malloc_pinned = session.environment.get("malloc") == "pinned"
 
 
 def worker_pool(session):
@@ -161,7 +157,7 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
     how = (f"{looks[0]} rounds" if len(looks) == 1 else
            f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
     method = f"{how} x {_pairs_said(pairs, a)}, fresh instances every round, one process" + \
-        _malloc_said(session.malloc_pinned)
+        _malloc_said(session.environment.get("malloc") == "pinned")
     return _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks,
                          signatures=signatures, explain=explain,
                          instructions=None if servers is None else lambda: count_instructions(session, scenario.name,
@@ -183,7 +179,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     pool = worker_pool(session)
     proof = dict(proof or {})
     ran = proof["processes_ran"] = {side: [] for side in sides}    # each server's own word on what it loaded
-    malloc = _malloc_said(a.malloc == "pinned")
+    malloc = _malloc_said(session.config.malloc == "pinned")
     sampler = Sampler(scenario.name, CpuBackend())
     spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
     release = _release_to(pool, lambda side, report: ran[side].append(report))
