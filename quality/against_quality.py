@@ -159,6 +159,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--conditions", default="quiet,loaded")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--max-rounds", type=int, default=None, help="--bench-max-rounds (the last look)")
     ap.add_argument("--pairs", type=int, default=None)
     ap.add_argument("--worker-pairs", type=int, default=None, help="--bench-worker-pairs (worker mode)")
     ap.add_argument("--plain-every", type=int, default=5, help="time a plain run every N trials")
@@ -167,6 +168,7 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     extra = ["--bench-against", "HEAD~1"]
     extra += ["--bench-rounds", str(ns.rounds)] if ns.rounds else []
+    extra += ["--bench-max-rounds", str(ns.max_rounds)] if ns.max_rounds else []
     extra += ["--bench-pairs", str(ns.pairs)] if ns.pairs else []
     extra += ["--bench-worker-pairs", str(ns.worker_pairs)] if ns.worker_pairs else []
     results: dict = {}
