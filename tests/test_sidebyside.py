@@ -759,3 +759,25 @@ def test_a_short_step_takes_more_pairs_settled_by_round_zero_and_a_long_one_its_
     assert pairs_taken(2.0, 2.5) == {8}     # 40 ms / (2.5 + 2.5 ms) of first calls
     assert pairs_taken(2.0, 10.0) == {2}    # round 0's first calls took 20 ms: 2 pairs, in every round
     assert pairs_taken(17.0, 17.0) == {2}
+
+
+def test_the_side_by_side_simulation_drives_the_decisions_own_looks_and_chase():
+    import importlib.util
+    import pathlib
+
+    from bench_core.deciding.sequential import planned_looks
+    from bench_core.workflows.side_by_side.compare import _Judge
+
+    path = pathlib.Path(__file__).parents[1] / "quality" / "against_sim.py"
+    spec = importlib.util.spec_from_file_location("against_sim", path)
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    looks = planned_looks(12, 36, 12)
+    judge = _Judge(Scenario("s", ("compute",)), "cpu", 0.02, GateConfig(threshold=0.02), 9, looks)
+    rng = np.random.default_rng(3)
+    # quiet rounds: a 30% slowdown and unchanged code are both decided at the first look
+    assert sim.trial(rng, judge, looks, 1.3, 0.003, 0.01, False) == (SLOWER, 12)
+    assert sim.trial(rng, judge, looks, 1.0, 0.003, 0.01, False) == (UNCHANGED, 12)
+    # noisy rounds: a 5% slowdown the first look leaves undecided is chased to a later look
+    runs = [sim.trial(rng, judge, looks, 1.05, 0.03, 0.05, True) for _ in range(10)]
+    assert any(n > 12 for _, n in runs) and all(n in looks for _, n in runs)
