@@ -781,3 +781,48 @@ def test_the_side_by_side_simulation_drives_the_decisions_own_looks_and_chase():
     # noisy rounds: a 5% slowdown the first look leaves undecided is chased to a later look
     runs = [sim.trial(rng, judge, looks, 1.05, 0.03, 0.05, True) for _ in range(10)]
     assert any(n > 12 for _, n in runs) and all(n in looks for _, n in runs)
+
+
+def _quality_script(name: str):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "quality" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_slow_sample_census_reads_the_round_childrens_counts(tmp_path, capsys):
+    faults = _quality_script("sample_faults")
+    # name, what, ahead, host ms, faults, involuntary switches, moved, wall ms, ms on a CPU, ms waiting for one
+    (tmp_path / "101.tsv").write_text(
+        "memory[same]\tthe first call\t0\t30.0\t7900\t0\tFalse\t30.1\t30.0\t0.0\n"
+        "memory[same]\tpair 0\t0\t24.0\t1953\t0\tFalse\t24.1\t24.0\t0.0\n"
+        "memory[same]\ta sample\t0\t19.0\t0\t0\tFalse\t19.1\t19.0\t0.0\n")
+    (tmp_path / "102.tsv").write_text(
+        "memory[plus5]\ta sample\t1\t19.2\t0\t1\tFalse\t38.5\t38.4\t0.0\n"
+        "cnn[same]\ta sample\t0\t27.0\t30\t0\tTrue\t27.1\t26.0\t0.5\n")
+    by = faults.samples_by_workload(tmp_path)
+    assert sorted(by) == ["cnn", "memory"] and len(by["memory"]) == 3   # the first call is a cold observation
+    faults.fault_table(by)
+    out = capsys.readouterr().out
+    assert "memory: 3 samples, median 19.20 ms, 1 over 1.06x it" in out
+    assert "samples with over 1,000 faults: 1 (1 of them slow)" in out
+    cnn, memory = out.split("memory:")
+    # a sample with a call ahead is not timed against its whole request: only the two without one are
+    assert "slow (no call ahead, 1): wall  24.10 ms" in memory and "rest (no call ahead, 1): wall  19.10 ms" in memory
+    assert "rest (no call ahead, 1): wall  27.10 ms, on a CPU  26.00 ms, waiting for one  0.50 ms, neither  0.60" in cnn
+
+
+def test_the_slow_sample_census_reads_each_sides_faster_sample_past_a_one_sided_outlier(tmp_path, capsys):
+    faults = _quality_script("sample_faults")
+    rounds = {"baseline": [[[20.0, 0], [20.0, 0]], [[20.0, 0], [26.0, 0]]],
+              "candidate": [[[21.0, 0], [21.0, 0]], [[21.0, 0], [21.0, 0]]]}
+    doc = {"against": {"scenarios": [{"scenario": "memory[plus5]", "rounds": {"samples_host_gpu_ms": rounds}}]}}
+    (tmp_path / "session.json").write_text(__import__("json").dumps(doc))
+    faults.spread_table(tmp_path / "session.json")
+    out = capsys.readouterr().out
+    assert "2 rounds" in out and "(each side's faster sample, 1.050)" in out   # the outlier moved only the mean
+    assert "(samples averaged, estimate 1.050)" not in out
