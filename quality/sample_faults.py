@@ -1,9 +1,10 @@
 """What the slow samples of process mode's forked rounds did: page faults, context switches, or neither?
 
 Run as its own measurement, never in the test suite (about a minute):
-    python quality/sample_faults.py [--filter "memory or cnn"] [--sessions 1]
+    python quality/sample_faults.py [--filter "memory or cnn"] [--sessions 1] [--one-process]
 
-It builds `against_quality.py --isolated`'s throwaway repository (every scenario in process mode) and runs
+It builds `against_quality.py --isolated`'s throwaway repository (every scenario in process mode; with
+`--one-process`, its plain repository, both sides in the session's own process, for comparison) and runs
 `pytest --bench-against HEAD~1 --bench-threads 1 -k FILTER` with a plugin (forwarded to both sides' servers with
 `-p`, so their round children load it) that wraps each timed sample in `getrusage` (minor faults, involuntary
 context switches), the CPU it started and ended on, and the kernel's count of the thread's time on a CPU and
@@ -115,10 +116,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--filter", default="memory or cnn", help="pytest -k over the nine scenarios")
     ap.add_argument("--sessions", type=int, default=1)
+    ap.add_argument("--one-process", action="store_true", help="the repository whose sides share one process")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         root, plug, faults = Path(tmp, "repo"), Path(tmp, "plug"), Path(tmp, "faults")
-        make_repo(root, isolated=True)
+        make_repo(root, isolated=not args.one_process)
         plug.mkdir()
         faults.mkdir()
         (plug / "sample_faults_plugin.py").write_text(PLUGIN)
@@ -134,7 +136,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"pytest failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
             print(f"--- session {k + 1}: {proc.stdout.strip().splitlines()[-1]}")
             spread_table(Path(glob.glob(str(out / "session-*.json"))[0]))
-        print(f"--- the samples of {len(list(faults.glob('*.tsv')))} round children")
+        print(f"--- the samples of {len(list(faults.glob('*.tsv')))} process(es) that took them")
         fault_table(samples_by_workload(faults))
     return 0
 
