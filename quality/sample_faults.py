@@ -9,10 +9,11 @@ It builds `against_quality.py --isolated`'s throwaway repository (every scenario
 `-p`, so their round children load it) that wraps each timed sample in `getrusage` (minor faults, involuntary
 context switches), the CPU it started and ended on, and the kernel's count of the thread's time on a CPU and
 waiting for one (/proc/thread-self/schedstat; a VM's stolen time is in neither). A round's first call (its cold
-observation) is left out. Per workload it prints how many samples ran more than 6% over the workload's median,
-and what those did against the rest; before that, per session (from its file), how much a round's ratio spreads
-with each side's samples averaged (what the decision uses) and with each side's faster sample instead (a robust
-reading, not used: see docs/side-by-side.md).
+observation) is left out. The plugin's reads and its line to a file fall between samples, outside the timed
+window, but inside a round: a census is not a quality run. Per workload it prints how many samples ran more than
+6% over the workload's median, and what those did against the rest; before that, per session (from its file), how
+much a round's ratio spreads with each side's samples averaged (what the decision uses) and with each side's faster
+sample instead (a robust reading, not used: see docs/side-by-side.md).
 """
 from __future__ import annotations
 
