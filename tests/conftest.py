@@ -19,6 +19,7 @@ def _gc_frozen():
     """Every measurement collects garbage before its samples (`sampling.gc_paused`); with torch, pytest and
     what earlier tests left in one heap, a full collection took 0.19 s here (35 of them: 7 s of one test).
     Frozen before each test (as `sampling.gc_frozen` does for rounds), a collection traverses only what this
-    test made; what earlier tests left is kept rather than collected."""
+    test made; what earlier tests left is kept rather than collected. `gc_frozen` keeps a freeze it finds, so a
+    test's later measurements stay cheap too (undone after the first, the suite's 134 of them cost 17 s)."""
     gc.freeze()
     yield

@@ -62,6 +62,23 @@ def test_gc_is_off_inside_the_timed_window_only():
     assert gc.isenabled()
 
 
+def test_a_measurements_freeze_is_undone_after_it_and_a_freeze_it_found_is_kept():
+    from bench_core.timing.sampling import gc_frozen
+
+    gc.unfreeze()   # this suite freezes before each test (conftest); here, first, a process that froze nothing
+    try:
+        with gc_frozen():
+            assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() == 0
+        gc.freeze()   # a process that froze its objects itself (a pre-forking server) keeps them frozen
+        outer = gc.get_freeze_count()
+        with gc_frozen():
+            pass
+        assert outer > 0 and gc.get_freeze_count() >= outer
+    finally:
+        gc.freeze()
+
+
 def test_cuda_per_call_gives_gpu_time_from_events_and_end_to_end_from_host():
     clock = FakeClock()
     gpu = FakeGPU(clock)
