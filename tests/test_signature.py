@@ -232,6 +232,18 @@ def test_a_profiler_pass_names_the_operators_whose_time_moved_with_their_calls()
     assert moved(base, base) == []
 
 
+def test_a_profiler_pass_in_a_fresh_fork_warms_its_step_as_a_round_does_before_profiling():
+    from bench_core.timing.protocol import WARM_CALLS_MAX
+    from bench_core.workflows.diagnose.moved import op_times
+
+    ran = []
+    op_times(lambda: ran.append(1), calls=2)
+    assert len(ran) == 1 + 2                           # one unprofiled call, then the profiled ones
+    ran.clear()
+    op_times(lambda: ran.append(1), calls=2, warm_ms=60_000)
+    assert len(ran) == WARM_CALLS_MAX + 2              # calls while under warm_ms, up to the bound a round has
+
+
 def test_self_times_from_the_profilers_raw_events_are_what_key_averages_gives():
     """#27: key_averages() took 0.43-0.66 s a side for two calls of a small CNN training step, in each profiler pass
     of a slower verdict; the raw events give the same figures in 0.04 s."""
