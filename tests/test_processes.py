@@ -323,12 +323,15 @@ def test_the_sessions_own_options_reach_both_sides_servers(pytester, monkeypatch
     assert "not compared: HEAD" in out and "unrecognized arguments: --tiny" in out
 
 
+# 512 x 512 (about 1.2 ms a matmul here, one thread): the profiler pass's times are real, and with a busy process on
+# each core a preemption (2.5 ms seen) inside one of the revision's two profiled 128 x 128 matmuls (0.02 ms) made its
+# one a step read as more time than the tree's four
 MATMULS = '''
 import torch
 from bench_core import Scenario
 from fakes import SHARED_CLOCK, work_on_shared_clock
 
-A = torch.randn(128, 128)
+A = torch.randn(512, 512)
 
 
 def test_step(bench):
