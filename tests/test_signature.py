@@ -233,15 +233,19 @@ def test_a_profiler_pass_names_the_operators_whose_time_moved_with_their_calls()
 
 
 def test_a_profiler_pass_in_a_fresh_fork_warms_its_step_as_a_round_does_before_profiling():
-    from bench_core.timing.protocol import WARM_CALLS_MAX
+    from types import SimpleNamespace
+
     from bench_core.workflows.diagnose.moved import op_times
+    from bench_core.workflows.worker import SERVED_PROFILE_CALLS, _profiled
 
     ran = []
     op_times(lambda: ran.append(1), calls=2)
     assert len(ran) == 1 + 2                           # one unprofiled call, then the profiled ones
     ran.clear()
-    op_times(lambda: ran.append(1), calls=2, warm_ms=60_000)
-    assert len(ran) == WARM_CALLS_MAX + 2              # calls while under warm_ms, up to the bound a round has
+    out = _profiled(SimpleNamespace(step=(lambda: ran.append(1), None), device="cpu", requested="s"))
+    assert "op_times" in out, out
+    # the served pass warms first (`warm_for`: at least one call, more while under ROUND_WARM_MS), then op_times
+    assert len(ran) >= 1 + 1 + SERVED_PROFILE_CALLS
 
 
 def test_self_times_from_the_profilers_raw_events_are_what_key_averages_gives():

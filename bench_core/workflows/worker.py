@@ -274,7 +274,9 @@ def _profile_reply(state: ServeState) -> None:
 
 def _profiled(state: ServeState) -> dict:
     """One profiler pass of the item's first instance (the server's), after its rounds."""
-    from bench_core.timing.protocol import ROUND_WARM_MS
+    from bench_core.timing.backends import backend_for
+    from bench_core.timing.protocol import ROUND_WARM_MS, Instance, warm_for
+    from bench_core.timing.sampling import Sampler
     from bench_core.workflows.diagnose.moved import op_times
 
     if state.step is None:
@@ -283,8 +285,9 @@ def _profiled(state: ServeState) -> dict:
         # the pass runs in a freshly forked child, whose first calls run slow as a round's do, so it warms as a
         # round does (`ROUND_WARM_MS`); with one warm call, a 0.02 ms matmul's two profiled calls once read
         # 0.286 ms a call where six reruns read 0.04-0.08 ms (which of a fresh fork or a preemption: not known)
-        return {"op_times": op_times(*state.step, calls=SERVED_PROFILE_CALLS, device=state.device,
-                                     warm_ms=ROUND_WARM_MS),
+        warm_for(Sampler(state.requested or "profiled", backend_for(state.device)), Instance(*state.step),
+                 ROUND_WARM_MS, "the profiler pass")
+        return {"op_times": op_times(*state.step, calls=SERVED_PROFILE_CALLS, device=state.device),
                 "pid": os.getpid()}
     except Exception as exc:  # noqa: BLE001 - the verdict stands; the parent says why there is no pass
         return {"error": f"profiler pass: {type(exc).__name__}: {exc}"}

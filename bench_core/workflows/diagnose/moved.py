@@ -10,26 +10,16 @@ CALLS = 5   # profiled calls of each side, after one unprofiled call
 
 
 def op_times(fn: Callable[[], Any], setup: Callable[[], Any] | None = None, calls: int = CALLS,
-             device: str = "cpu", warm_ms: float = 0.0) -> dict[str, tuple[float, int]]:
-    """Per operator: self time per step (ms; the device's own on CUDA) and calls per step, over `calls` calls,
-    after one unprofiled call, and more while they have taken under `warm_ms` (a freshly forked process's)."""
-    import time
-
+             device: str = "cpu") -> dict[str, tuple[float, int]]:
+    """Per operator: self time per step (ms; the device's own on CUDA) and calls per step, over `calls` calls."""
     import torch
     from torch.autograd import profiler
-
-    from bench_core.timing.protocol import WARM_CALLS_MAX
 
     def call():
         if setup is not None:
             setup()
         fn()
-    start, n = time.perf_counter(), 0
-    while n == 0 or (n < WARM_CALLS_MAX and (time.perf_counter() - start) * 1e3 < warm_ms):
-        call()
-        if device == "cuda":   # its calls' time, not their launches'
-            torch.cuda.synchronize()
-        n += 1
+    call()
     # torch.autograd's profiler, not torch.profiler's wrapper: the wrapper asks `hasattr(torch, "_inductor")`, which
     # imports the compiler (0.79 s in a process's first pass here, against 1 ms)
     with profiler.profile(use_cpu=True, use_device="cuda" if device == "cuda" else None, use_kineto=True) as prof:
