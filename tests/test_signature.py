@@ -291,6 +291,29 @@ def test_a_profiler_pass_does_not_import_the_compiler():
     assert out.stdout.split()[-2:] == ["1", "False"]
 
 
+def test_recording_a_signature_does_not_import_the_compiler_and_counts_the_same_with_it():
+    """torch wraps a dispatch mode's handler so that the compiler stays out of it, and the wrapper imports
+    torch._dynamo at its first call: most of a second of each side's server for its first scenario (#27). Where the
+    compiler is not loaded there is nothing to keep out; where it is, the wrapper stays, and the counts are the same."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from bench_core.timing.signature import record\n"
+            "a = torch.ones(8, 8)\n"
+            "def step():\n"
+            "    (a @ a).relu().sum().item()\n"
+            "before = record(step).to_dict()\n"
+            "print('torch._dynamo' in sys.modules)\n"
+            "import torch._dynamo\n"
+            "print(record(step).to_dict() == before, before['operators'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "False"
+    assert lines[1].startswith("True") and "aten.mm" in lines[1] and "aten._local_scalar_dense" in lines[1]
+
+
 def test_an_ab_names_how_the_two_steps_differ(pytester):
     pytester.makepyfile(test_ab_signature_inner='''
 import torch

@@ -3,6 +3,7 @@ operators count too), after the measurement and outside every timed window, like
 `core.signature.Signature`."""
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 from bench_core.core.signature import Signature
@@ -36,7 +37,19 @@ def record(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> Sig
     def tensors(x):
         return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
 
+    # plain calls first: under a dispatch mode torch.compile does not compile, and what a step does only once (an
+    # optimizer creating its state on its first step) belongs to the cold start, not to every step
+    compiled = _compiled(fn, setup)
+    loaded = "torch._dynamo" in sys.modules   # after those calls: a step that compiles has loaded it by now
+
     class Recorder(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch wraps a mode's __torch_dispatch__ so that the compiler never traces inside it, and the wrapper
+            # imports torch._dynamo at its first call (most of a second, in each side's server, docs/side-by-side.md).
+            # A process that has not loaded the compiler compiles nothing, so there is nothing to keep it out of.
+            return loaded
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             name = str(func.overloadpacket)
@@ -61,9 +74,6 @@ def record(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> Sig
                     alloc[1] += storage.nbytes()
             return out
 
-    # plain calls first: under a dispatch mode torch.compile does not compile, and what a step does only once (an
-    # optimizer creating its state on its first step) belongs to the cold start, not to every step
-    compiled = _compiled(fn, setup)
     if setup is not None:
         setup()
     with Recorder():
@@ -75,8 +85,6 @@ def _compiled(fn: Callable[[], Any], setup: Callable[[], Any] | None) -> dict:
     """One plain call, and where torch.compile ran in it, its own counters: the graphs and graph breaks of that call
     (their reasons by first line), and the compilations a second call needed (a recompilation per call). Empty for
     code dynamo never saw."""
-    import sys
-
     def call():
         if setup is not None:
             setup()
