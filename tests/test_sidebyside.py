@@ -665,6 +665,36 @@ def test_loaded_files_name_only_files_that_are_there(tmp_path, monkeypatch):
     assert list(files) == [str((tmp_path / "real_mod.py").resolve())] and all(files.values())
 
 
+def test_loaded_files_resolve_a_modules_file_once_and_read_its_content_each_time(tmp_path, monkeypatch):
+    """A server asks at each item's first run; resolving the file of every module torch loaded, each time, was most
+    of that run for a small step (#27). Where a file lies is kept; what it holds is read afresh."""
+    import os
+    import sys
+    import types
+    from pathlib import Path
+
+    from bench_core.workflows.worker import loaded_files
+
+    (tmp_path / "kept_mod.py").write_text("X = 1\n")
+    mod = types.ModuleType("kept_mod")
+    mod.__file__ = str(tmp_path / "kept_mod.py")
+    monkeypatch.setitem(sys.modules, "kept_mod", mod)
+    first = loaded_files([str(tmp_path)])
+    resolved, real = [], Path.resolve
+
+    def counted(self, *args, **kwargs):
+        resolved.append(str(self))
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "resolve", counted)
+    (tmp_path / "kept_mod.py").write_text("X = 2\n")
+    second = loaded_files([str(tmp_path)])
+    monkeypatch.undo()
+    assert list(first) == list(second) == [str((tmp_path / "kept_mod.py").resolve())]
+    assert first != second   # the new content's hash
+    assert str(tmp_path) in resolved   # the root, each time
+    assert not [p for p in resolved if os.path.isabs(p) and p.endswith(".py")]   # no module's file again
+
+
 def test_a_server_runs_the_untimed_call_ahead_of_a_sample_only_when_asked():
     import json
 

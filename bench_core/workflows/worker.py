@@ -337,19 +337,37 @@ def _serve_samples(channel: Channel, inst, sampler) -> str:
 
 
 def loaded_files(roots: list[str]) -> dict[str, str | None]:
-    """The modules this process loaded from inside `roots` (the trees of both sides): path -> sha256."""
+    """The modules this process loaded from inside `roots` (the trees of both sides): path -> sha256 (read afresh
+    each time; where a module's file lies is resolved once a process, see `_inside`)."""
     from bench_core.workflows.side_by_side.revisions import file_sha256
 
-    inside = [Path(r).resolve() for r in roots]
+    inside = tuple(Path(r).resolve() for r in roots)
     out = {}
     for m in list(sys.modules.values()):
         f = getattr(m, "__file__", None)
-        path = Path(f).resolve() if f else None
-        # a module may name a file that is not there (torch's `_classes`, `_ops`: "_classes.py", which a relative
-        # path would place in this process's working directory, a side's tree): it was not loaded from that tree
-        if path is not None and path.is_file() and any(path.is_relative_to(r) for r in inside):
+        path = _inside(str(f), inside) if f else None
+        if path is not None:
             out[str(path)] = file_sha256(path)
     return dict(sorted(out.items()))
+
+
+_WHERE: dict[tuple[str, tuple[Path, ...]], Path | None] = {}
+
+
+def _inside(file: str, roots: tuple[Path, ...]) -> Path | None:
+    """A module's file, resolved, where it is a file inside `roots`; else None. Remembered for absolute names: a
+    server asks at each item's first run, and resolving the files of the thousands of modules torch loads was most of
+    that run for a small step. A relative name is resolved each time, from the working directory of the moment."""
+    key = (file, roots)
+    if key in _WHERE:
+        return _WHERE[key]
+    path = Path(file).resolve()
+    # a module may name a file that is not there (torch's `_classes`, `_ops`: "_classes.py", which a relative path
+    # would place in this process's working directory, a side's tree): it was not loaded from that tree
+    found = path if path.is_file() and any(path.is_relative_to(r) for r in roots) else None
+    if os.path.isabs(file):
+        _WHERE[key] = found
+    return found
 
 
 # --- the parent's side ------------------------------------------------------------------------------------------
