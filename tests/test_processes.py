@@ -191,6 +191,55 @@ def test_every_round_rebuilds_the_tests_own_fixtures_and_the_modules_are_built_o
 
 
 
+RENDEZVOUS_TEST = '''
+import os
+import time
+from pathlib import Path
+
+from bench_core import Scenario
+
+HERE = Path({here!r})
+
+
+def note(*fields):
+    with open(HERE / "events.log", "a") as f:
+        f.write(" ".join(map(str, fields)) + "\\n")
+
+
+def test_step(bench):
+    note("body_start", os.getpid(), time.monotonic())
+    if os.getpid() != {coordinator}:   # a side's process: on with its body only once the other side's has begun
+        (HERE / f"body-{{os.getpid()}}").touch()
+        deadline = time.monotonic() + 60
+        while len(list(HERE.glob("body-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    note("body_end", os.getpid(), time.monotonic())
+    bench.run(Scenario("step", ("forward",)), lambda: note("call", os.getpid(), time.monotonic()))
+'''
+
+
+def test_the_sides_tests_run_up_to_bench_run_side_by_side_and_warm_one_after_the_other(pytester, tmp_path):
+    """Where rounds fork, each side's server runs its item's test up to bench.run beside the other's (a model's
+    construction, an import it makes, no longer waits for the other side's), and neither warms its step before both
+    have got there (the warming calls, which forked children inherit, stay one after the other). Each side's test
+    waits in its server for the other's to begin: run one after the other, the first would wait out its 60 s."""
+    import os
+
+    pytester.makepyfile(test_p=RENDEZVOUS_TEST.format(here=str(tmp_path), coordinator=os.getpid()))
+    commit_all(pytester.path)
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick")
+    res.assert_outcomes(passed=1)
+    (rec,) = doc["against"]["scenarios"]
+    servers = {r[0]["pid"] for r in rec["code"]["processes_ran"].values()}
+    events = [(what, int(pid), float(t)) for what, pid, t in
+              (line.split() for line in (tmp_path / "events.log").read_text().splitlines())]
+    body = {pid: [t for what, p, t in events if p == pid and what.startswith("body")][:2] for pid in servers}
+    warm = [t for what, p, t in events if p in servers and what == "call"]
+    a, b = body.values()
+    assert a[0] < b[1] and b[0] < a[1]   # side by side: each began before the other ended
+    assert warm and max(a[1], b[1]) < min(warm)   # no warming call until both tests got to bench.run
+
+
 def test_one_process_pins_glibc_malloc_thresholds_in_itself_and_says_so(pytester, monkeypatch):
     """Where one process holds both sides, its own glibc malloc thresholds are fixed as the servers' are (a step
     that frees large blocks then reuses them on every call, not on some); 'as-is', or the user's own setting,

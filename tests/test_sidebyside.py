@@ -341,16 +341,23 @@ class _FakeServer:
     """A side's server as the parent sees it: asked for a round (or its end), then waited for; `log` keeps the
     order of both servers' events."""
 
-    def __init__(self, side, ms, fail_at=None, log=None, samples=None, requests=None):
+    def __init__(self, side, ms, fail_at=None, log=None, samples=None, requests=None, steps=None):
         self.side, self.ms, self.fail_at, self.builds, self.closed, self.ends = side, ms, fail_at, 0, False, 0
         self.log = log if log is not None else []
+        self.steps = steps if steps is not None else []   # both servers' item steps in order: (step, side)
         self.samples = samples   # both servers' samples in order: (side, ahead)
         self.asked = []   # per sample: whether an untimed call of the step was asked for ahead of it
         self.cpus = []    # per round: the CPUs its process was to be held to
         self.requests = requests if requests is not None else []   # both servers' requests in order: (side, kind)
 
+    def start_item(self):
+        self.steps.append(("start_item", self.side))
+
+    def reach(self):
+        self.steps.append(("reach", self.side))
+
     def wait_ready(self):
-        pass
+        self.steps.append(("wait_ready", self.side))
 
     def start_round(self, cpus=None):
         self.log.append(("ask", self.side))
@@ -394,11 +401,11 @@ class _FakeServer:
 def test_server_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_failed():
     from bench_core.timing.protocol import run_processes
 
-    made, released, log = {}, [], []
+    made, released, log, steps = {}, [], [], []
 
     def spawn(side, ms, fail_at=None):
         def start(k):
-            made[(side, k)] = _FakeServer(side, ms, fail_at if k == 1 else None, log)
+            made[(side, k)] = _FakeServer(side, ms, fail_at if k == 1 else None, log, steps=steps)
             return made[(side, k)]
         return start
     res = run_processes({"baseline": spawn("baseline", 2.0), "candidate": spawn("candidate", 3.0)},
@@ -409,6 +416,8 @@ def test_server_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_fai
     assert all(w.ends == w.builds == 2 for w in made.values())    # every round's instance ended with its round
     # both servers are asked for a round before either is waited for: their children build side by side
     assert all([e for e, _ in log[i:i + 4]] == ["ask", "ask", "built", "built"] for i in range(0, len(log), 4))
+    # each step of a pair's item for both servers before the next: the tests run side by side, the warming apart
+    assert [e for e, _ in steps] == (["start_item"] * 2 + ["reach"] * 2 + ["wait_ready"] * 2) * 3
     released.clear()
     with pytest.raises(SideError, match="broke on its build"):
         run_processes({"baseline": spawn("baseline", 2.0, fail_at=1), "candidate": spawn("candidate", 3.0)},

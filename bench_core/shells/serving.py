@@ -92,6 +92,8 @@ def serve_items(items, state) -> None:
             item.ihook.pytest_runtest_protocol(item=item, nextitem=item.parent)
         state.begin(doc["scenario"])
         run_item()
+        if state.ended_by == "quit":
+            return
         if state.ended_by == "failed":   # said already
             continue
         if not state.reached:

@@ -472,8 +472,9 @@ def with_servers(spawn: Mapping[str, Callable[[int], Any]], k: int, work: Callab
     try:
         for side in random.Random(seed + k).sample(SIDES, 2):
             servers[side] = on_side(side, lambda: spawn[side](k))
-        for side, w in servers.items():
-            on_side(side, w.wait_ready)
+        for step in ("start_item", "reach", "wait_ready"):   # each step of both before the next (`Worker.assign`)
+            for side, w in servers.items():
+                on_side(side, getattr(w, step))
         out = work(servers)
         ok = True
         return out

@@ -10,9 +10,11 @@ line goes each way per step:
   parent -> server                     server -> parent
   (first line) init                    {"ready": pid, python, torch,   after collection
                                         malloc: {MALLOC_* variables}}
-  {"cmd": "item", file, function,      {"serving": scenario, pid,      the item's first run (fixtures, then the test)
-   param_id, scenario}                  fork, files: {path: sha256},    up to its bench.run for that scenario: the
-                                        kept: [fixture], signature}     step warmed once (and counted, if asked)
+  {"cmd": "item", file, function,      {"reached": scenario}           the item's first run (fixtures, then the test)
+   param_id, scenario}                                                  up to its bench.run for that scenario
+  {"cmd": "go"}                        {"serving": scenario, pid,      there: the step warmed once (and counted, if
+                                        fork, files: {path: sha256},    asked), one side's after the other's
+                                        kept: [fixture], signature}
   {"cmd": "round", cpus}               {"built": scenario_doc, pid}    the item run afresh up to its bench.run,
                                                                        held to `cpus` (both sides' the same)
   {"cmd": "sample", ahead}             {"host_ms", "gpu_ms"}           one sample, timed here, with `sampling`;
@@ -181,10 +183,15 @@ def can_fork(device: str) -> bool:
 def first_run(channel: Channel, name: str, sampler, *, fork: bool, files: Mapping[str, str | None],
               warm: Callable[[], Any] | None, count: Callable[[], Mapping[str, Any]] | None,
               kept: list[str] = ()) -> str:
-    """The item's first run in the server, at its bench.run: `warm()` untimed (forked children then inherit what a
+    """The item's first run in the server, at its bench.run: said ("reached"), then on the parent's "go" (the other
+    side's server has reached its own, see `Worker.assign`) `warm()` untimed (forked children then inherit what a
     call sets up once per process: kernels chosen, primitive caches), then `count()`, whose fields (the step's work
     signature) go to the parent with the "serving" line, with `kept` (the fixtures every round reuses, see
-    `serving.kept_fixtures`). Returns "served", or "failed" (said)."""
+    `serving.kept_fixtures`). Returns "served", "failed" (said), or "quit" (the parent ended it, or is gone)."""
+    channel.send({"reached": name})
+    doc = channel.recv()
+    if doc is None or doc.get("cmd") != "go":
+        return "quit"
     if warm is not None:
         try:
             sampler.call("the server's warming call", warm)
@@ -387,6 +394,7 @@ class Worker:
         self.init, self.side, self.timeout_s = dict(init), init["side"], timeout_s
         self.scenario, self.ran, self.child, self.profiled_in = "server", {}, None, None
         self._started, self._spec, self.key, self.environment = False, None, None, {}
+        self._item: str | None = None   # the assigned item: None, "sent", "reached"
         self.log = tempfile.TemporaryFile()   # what the server's code prints: a file, never a pipe that fills up
         to_child, from_parent = os.pipe()
         to_parent, from_child = os.pipe()
@@ -410,28 +418,50 @@ class Worker:
         return self.proc.poll() is None
 
     def assign(self, spec: Mapping[str, Any]) -> None:
-        """The test item to serve next ({"scenario", "file", "function", "param_id"}), asked for by `wait_ready`.
-        A pair's servers run their items' first runs one after the other, not side by side: run together, on the
-        memory-bound A/A of `against_quality.py` the pair's estimate spread 3.9% over 50 sessions where its rounds
-        predicted 2.2% (one after the other: 2.7%; docs/side-by-side.md), so its rounds shared their server's bias."""
-        self._spec, self.scenario = dict(spec), spec["scenario"]
+        """The test item to serve next ({"scenario", "file", "function", "param_id"}), run by `start_item`, `reach`
+        and `wait_ready`, each called for both servers of a pair before the next. A pair's servers warm (and count)
+        their steps one after the other, never side by side: with first runs side by side, on the memory-bound A/A
+        of `against_quality.py` in worker mode the pair's estimate spread 3.9% over 50 sessions where its rounds
+        predicted 2.2% (one after the other: 2.7%; docs/side-by-side.md), so its rounds shared their server's bias.
+        Where rounds fork (not on CUDA), the tests up to their bench.run run side by side, as the servers' starts
+        do: what a round measures, its child builds afresh (docs/side-by-side.md measures what that saved)."""
+        self._spec, self.scenario, self._item = dict(spec), spec["scenario"], None
 
-    def wait_ready(self) -> None:
-        """Started, and the assigned item run up to its bench.run; `ran` keeps what the server loaded."""
+    def start_item(self) -> None:
+        """Started; and where rounds fork, the assigned item sent, so that its test runs beside the other side's."""
         # importing torch and collecting on a loaded runner takes seconds: a slow start is not a hang
         if not self._started:
             out = self._read("ready", timeout_s=max(self.timeout_s, children.STARTUP_S))
             self.environment = {k: out.get(k) for k in ("python", "torch", "malloc")}
             self._started = True
+        if self._spec is not None and self._item is None and (self.init.get("device") or "cpu") != "cuda":
+            self._send_item()
+
+    def reach(self) -> None:
+        """The assigned item run up to its bench.run (sent now, where `start_item` did not)."""
+        self.start_item()
+        if self._spec is not None and self._item is None:
+            self._send_item()
+        if self._item == "sent":
+            self._read("reached")
+            self._item = "reached"
+
+    def wait_ready(self) -> None:
+        """The assigned item's step warmed (and counted) at its bench.run; `ran` keeps what the server loaded."""
+        self.reach()
         if self._spec is not None:
-            spec, self._spec = self._spec, None
-            out = self._send({"cmd": "item", **spec}, "serving")
+            self._spec, self._item = None, None
+            out = self._send({"cmd": "go"}, "serving")
             self.ran = {"pid": out["pid"], "forked_rounds": out["fork"], "files": out["files"],
                         "kept": out.get("kept", []),
                         "forwarded": self.init.get("forwarded", []),
                         "interpreter": self.init["python"], **self.environment, "tree": self.init["tree"],
                         **{k: out[k] for k in ("signature", "signature_error", "instructions", "instructions_error")
                            if k in out}}
+
+    def _send_item(self) -> None:
+        self._write({"cmd": "item", **self._spec})
+        self._item = "sent"
 
     def round(self, cpus=None):
         """A fresh instance for a round (held to `cpus`); returns the scenario record it declared (or None)."""
