@@ -420,11 +420,12 @@ class Worker:
     def assign(self, spec: Mapping[str, Any]) -> None:
         """The test item to serve next ({"scenario", "file", "function", "param_id"}), run by `start_item`, `reach`
         and `wait_ready`, each called for both servers of a pair before the next. A pair's servers warm (and count)
-        their steps one after the other, never side by side: with first runs side by side, on the memory-bound A/A
-        of `against_quality.py` in worker mode the pair's estimate spread 3.9% over 50 sessions where its rounds
-        predicted 2.2% (one after the other: 2.7%; docs/side-by-side.md), so its rounds shared their server's bias.
-        Where rounds fork (not on CUDA), the tests up to their bench.run run side by side, as the servers' starts
-        do: what a round measures, its child builds afresh (docs/side-by-side.md measures what that saved)."""
+        their steps one after the other, never side by side: with whole first runs side by side, warming included,
+        on the memory-bound A/A of `against_quality.py` the pair's estimate spread 3.9% over 50 sessions where its
+        rounds predicted 2.2% (one after the other: 2.7%), so its rounds shared their server's bias. Where rounds
+        fork, the tests up to their bench.run run side by side, as the servers' starts do, and 50 sessions each way
+        showed no such sharing (docs/side-by-side.md, run P); on CUDA, where a server's own process is measured,
+        nothing runs side by side."""
         self._spec, self.scenario, self._item = dict(spec), spec["scenario"], None
 
     def start_item(self) -> None:
