@@ -170,3 +170,27 @@ def test_a_second_scenario_in_one_test_is_never_compared_with_the_first_ones_ste
     out = res.stdout.str()
     assert "second: not compared: HEAD" in out and "test measures more than one scenario" in out
     assert "only its first ('first')" in out and "1 not compared" in out   # counted; --bench-strict fails it
+
+
+def test_the_fidelity_checks_resolve_a_modules_file_once_a_process(monkeypatch):
+    """`project_files` walks every loaded module's file at each check (a fixture's, the revision's test module's):
+    where each lies is resolved once a process (`revisions.resolved`), as a side's server does (#27); a relative
+    name is resolved each time, from the working directory of the moment."""
+    from pathlib import Path
+
+    from bench_core.workflows.side_by_side import fidelity
+
+    here = Path(__file__).parent
+    first = fidelity.project_files([commit_all], [here])
+    calls = []
+    real = Path.resolve
+
+    def counted(self, *args, **kwargs):
+        calls.append(str(self))
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "resolve", counted)
+    again = fidelity.project_files([commit_all], [here])
+    monkeypatch.undo()
+    assert again == first and Path(__file__).resolve() in first
+    assert not [c for c in calls if c.endswith(".py") and Path(c).is_absolute()]   # no module's file again
+    assert str(here) in calls   # the roots, each time

@@ -362,13 +362,14 @@ _WHERE: dict[tuple[str, tuple[Path, ...]], Path | None] = {}
 
 
 def _inside(file: str, roots: tuple[Path, ...]) -> Path | None:
-    """A module's file, resolved, where it is a file inside `roots`; else None. Remembered for absolute names: a
-    server asks at each item's first run, and resolving the files of the thousands of modules torch loads was most of
-    that run for a small step. A relative name is resolved each time, from the working directory of the moment."""
+    """A module's file, resolved (`revisions.resolved`), where it is a file inside `roots`; else None. The answer
+    is remembered for absolute names too: a server asks at each item's first run, about every module torch loaded."""
     key = (file, roots)
     if key in _WHERE:
         return _WHERE[key]
-    path = Path(file).resolve()
+    from bench_core.workflows.side_by_side.revisions import resolved
+
+    path = resolved(file)
     # a module may name a file that is not there (torch's `_classes`, `_ops`: "_classes.py", which a relative path
     # would place in this process's working directory, a side's tree): it was not loaded from that tree
     found = path if path.is_file() and any(path.is_relative_to(r) for r in roots) else None

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterable
 
 import bench_core
-from bench_core.workflows.side_by_side.revisions import file_sha256
+from bench_core.workflows.side_by_side.revisions import file_sha256, resolved
 
 # the engine is shared by both sides on purpose (the revision importer never aliases it): not the code compared
 ENGINE = Path(bench_core.__file__).resolve().parent
@@ -29,7 +29,7 @@ def _file_of(obj: Any) -> Path | None:
     else:
         mod = sys.modules.get(getattr(obj, "__module__", None) or "")
         f = getattr(mod, "__file__", None)
-    return Path(f).resolve() if f else None
+    return resolved(str(f)) if f else None
 
 
 def _imported(f: Path, mod: ModuleType | None) -> set[str]:

@@ -353,6 +353,22 @@ def scenario_index(tree: Path) -> dict[str, list[tuple[Path, str]]]:
     return found
 
 
+_RESOLVED: dict[str, Path] = {}
+
+
+def resolved(file: str) -> Path:
+    """`Path(file).resolve()`, remembered for an absolute name: a loaded module's file stays where it is, and the
+    fidelity checks and each side's server ask about every module torch loaded, scenario after scenario (resolving
+    them all was most of a server's first run of a small step). A relative name is resolved each time, from the
+    working directory of the moment."""
+    if file in _RESOLVED:
+        return _RESOLVED[file]
+    path = Path(file).resolve()
+    if os.path.isabs(file):
+        _RESOLVED[file] = path
+    return path
+
+
 def file_sha256(path: Path) -> str | None:
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
