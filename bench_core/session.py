@@ -59,6 +59,7 @@ class SessionConfig:
     timeout_s: float | None = 600.0    # per scenario, everything included; None or 0: no limit
     compare: str | None = None
     pb_json: Path | None = None
+    pb_json_replaces: bool = False     # pb_json is pytest-benchmark's --benchmark-json, replaced each run as there
     gate: GateConfig = field(default_factory=GateConfig)
     profile: Any = None                # a diagnose ProfileConfig: one profiler pass after each measurement
     references_dir: Path = Path("references")
@@ -70,6 +71,9 @@ class SessionConfig:
     cache: str | None = None           # GPU: every sample's L2 "cold" (flushed) or "hot"; beats the scenario's
     graph: bool = False                # GPU: every step timed as a CUDA graph beside eagerly; or the scenario's
     malloc: str = "pinned"             # glibc malloc's thresholds in the processes that measure: "pinned" or "as-is"
+    pb_fixture: str = "adopt"          # pytest-benchmark's `benchmark` fixture: "adopt" (measured here) or "leave"
+    group_by: str | None = None        # pytest-benchmark's --benchmark-group-by: a results table per group
+    concurrent: str | None = None      # why this process shares its cores with other tests (pytest-xdist): refused
 
 
 class BenchSession:
@@ -99,6 +103,7 @@ class BenchSession:
         self.against_records: list[dict] = []         # side by side, per scenario: rounds, both sides' code, decision
         self.one_side: list[tuple[str, str]] = []     # scenarios measured on one side only, and why
         self.new: set[str] = set()                    # of those, the ones the other side never had
+        self.unmeasured: list[tuple[str, str]] = []   # tests that timed something bench_core did not, and why
         self.leaks: list[tuple[str, list[str]]] = []  # (test, what it left changed or running), undone since
         self.cache_checked = False                    # the cold-cache self-check ran (on the first cold scenario)
         # what the comparisons are against: a stored baseline, or another revision (and its worker processes)
@@ -183,6 +188,19 @@ class BenchSession:
         if new:
             self.new.add(name)
 
+    def not_measured(self, test: str, why: str) -> None:
+        """A test that timed something outside bench_core (pytest-benchmark left to itself, a fixture it never
+        called): counted in the outcome, and failed under --bench-strict, never passed over as measured."""
+        self.unmeasured.append((test, why))
+
+    def annotate(self, name: str, **metadata: Any) -> None:
+        """What a test said about its scenario after measuring it (pytest-benchmark's `extra_info`), added to
+        its result's informational metadata."""
+        from dataclasses import replace
+
+        self.results[:] = [replace(m, scenario=m.scenario.with_metadata(**metadata)) if m.name == name else m
+                        for m in self.results]
+
     def failed_to_compare(self, name: str) -> str | None:
         """Why scenario `name` was measured here but not compared, when it should have been (None: it was
         compared, or it is new)."""
@@ -191,7 +209,7 @@ class BenchSession:
     def nothing_compared(self) -> bool:
         """A gated session in which no scenario at all was compared: it fails, whatever else it did."""
         return (self.compared_with is not None and not any(c.verdict != NEW for c in self.comparisons)
-                and bool(self.results or self.errors or self.one_side))
+                and bool(self.results or self.errors or self.one_side or self.unmeasured))
 
     def left_changed(self, test: str, what: list[str]) -> None:
         """A test that left process-wide state changed or a process running (undone since): named in the report."""
@@ -274,6 +292,8 @@ class BenchSession:
         gone = len(self.missing_from_run())
         line += f"; {gone} in the baseline but not run now" if gone else ""
         line += f"; {new} new (nothing to compare with)" if new else ""
+        unmeasured = len(self.unmeasured)
+        line += f"; {unmeasured} not measured by bench_core (--bench-strict fails them)" if unmeasured else ""
         if self.nothing_compared():
             line += " (nothing was compared: the session fails)"
         elif compared and not decided:

@@ -3,6 +3,7 @@
 Run as its own benchmark, never in the test suite (it takes minutes):
     python quality/against_quality.py [--trials 30] [--conditions quiet,loaded] [--rounds 10 --pairs 4]
     python quality/against_quality.py --isolated --trials 30 --conditions quiet,loaded   # process mode
+    python quality/against_quality.py --pb ...    # the same workloads as pytest-benchmark tests
 
 It creates a throwaway git repository with two real commits. The first has nine scenarios: three workloads
 (compute-bound matmul, memory-bound elementwise, a small CNN training step), each of 20 units of work. The
@@ -87,6 +88,18 @@ def test_workload(bench, kind, variant):
     bench.run(Scenario(f"{kind}[{variant}]", ("compute",), {"units_kind": kind}), work.build(kind, work.UNITS[variant]))
 '''
 
+# the same nine scenarios written as a pytest-benchmark suite (--pb): bench_core adopts the `benchmark` fixture
+TEST_PB = '''
+import pytest
+import work
+
+
+@pytest.mark.parametrize("variant", ["same", "plus5", "plus10"])
+@pytest.mark.parametrize("kind", ["matmul", "memory", "cnn"])
+def test_workload(benchmark, kind, variant):
+    benchmark(work.build(kind, work.UNITS[variant]))
+'''
+
 CONFTEST = '''
 import sys
 from pathlib import Path
@@ -104,7 +117,7 @@ LIB.define("noop(Tensor x) -> Tensor")
 '''
 
 
-def make_repo(root: Path, isolated: bool = False) -> None:
+def make_repo(root: Path, isolated: bool = False, pb: bool = False) -> None:
     env = dict(os.environ, GIT_AUTHOR_NAME="q", GIT_AUTHOR_EMAIL="q@example.invalid", GIT_COMMITTER_NAME="q",
                GIT_COMMITTER_EMAIL="q@example.invalid")
 
@@ -113,7 +126,7 @@ def make_repo(root: Path, isolated: bool = False) -> None:
 
     (root / "benchmarks").mkdir(parents=True)
     (root / "conftest.py").write_text(CONFTEST)
-    (root / "benchmarks" / "test_workloads.py").write_text(textwrap.dedent(TEST))
+    (root / "benchmarks" / "test_workloads.py").write_text(textwrap.dedent(TEST_PB if pb else TEST))
     extra = ISOLATED if isolated else ""
     (root / "benchmarks" / "work.py").write_text(WORK_V1.replace("import torch\n", "import torch\n" + extra, 1))
     git("init", "-q")
@@ -145,7 +158,9 @@ def trial_rows(session_file: Path) -> list[dict]:
         n = logs.size
         se = logs.std(ddof=1) / math.sqrt(n)
         q = st.t.ppf(0.975, n - 1)
-        kind, variant = rec["scenario"].rstrip("]").split("[")
+        # "matmul[plus5]" from a bench test; "test_workload[matmul-plus5]" from the pytest-benchmark suite
+        inside = rec["scenario"].rstrip("]").split("[", 1)[1]
+        kind, variant = inside.split("-") if "-" in inside else (rec["scenario"].split("[")[0], inside)
         rows.append({"kind": kind, "variant": variant, "verdict": c["verdict"], "ratio": c["ratio"],
                      "ci95": [math.exp(logs.mean() - q * se), math.exp(logs.mean() + q * se)],
                      "ci_decided": [c["ci_low"], c["ci_high"]], "confidence": c["confidence"], "rounds": n,
@@ -163,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=None)
     ap.add_argument("--worker-pairs", type=int, default=None, help="--bench-worker-pairs (worker mode)")
     ap.add_argument("--plain-every", type=int, default=5, help="time a plain run every N trials")
+    ap.add_argument("--pb", action="store_true",
+                    help="the scenarios written as pytest-benchmark tests (the `benchmark` fixture, adopted)")
     ap.add_argument("--isolated", action="store_true",
                     help="code that cannot load twice (a torch.library registration): measures process mode")
     ns = ap.parse_args(argv)
@@ -174,7 +191,7 @@ def main(argv=None) -> int:
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="against-quality-") as tmp:
         root = Path(tmp) / "repo"
-        make_repo(root, ns.isolated)
+        make_repo(root, ns.isolated, ns.pb)
         for cond in ns.conditions.split(","):
             competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if cond == "loaded" else None
             try:

@@ -35,8 +35,8 @@ def test_session_table_json_and_per_test_properties(bt):
     res = bt.runpytest("--bench-repeats", "4", "--bench-warmup", "1", "--junitxml=out.xml")
     res.assert_outcomes(passed=2)
     # what to do next, and whose the pytest-benchmark header line is
-    res.stdout.fnmatch_lines(["bench_core: `bench` measures with bench_core's own sampler*`benchmark:` line above is "
-                              "pytest-benchmark's*",
+    res.stdout.fnmatch_lines(["bench_core: tests using pytest-benchmark's `benchmark` fixture are measured by "
+                              "bench_core*the `benchmark:` line is pytest-benchmark's own",
                               "next: keep this run as a baseline (--bench-save NAME), then gate later runs*"])
     assert all(len(line) <= 120 for line in res.stdout.lines if line.startswith(("next:", "      ")))
     res.stdout.fnmatch_lines(["*bench_core results*", "alpha*50.000*2.000*4,000/s*",

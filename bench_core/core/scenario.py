@@ -19,7 +19,13 @@ STAGES = (
     "request",         # one inference request (model already loaded)
     "compute",         # a kernel or op sequence that is not a model step
     "model_load",      # construction + state load + move to device; never inside a request
+    "call",            # one call of a pytest-benchmark test's function: what it holds is the test's, not stated
 )
+
+# Metadata a scenario says about itself that never decides whether two results are comparable: what a
+# pytest-benchmark test puts in `extra_info` (often figures it computed), the table it is shown in (`group`), notes
+# on how its calls were taken, and the pytest test that measured it (tests get renamed and moved).
+INFORMATIONAL = ("extra_info", "group", "notes", "test")
 
 
 def freeze(value: Any) -> Any:

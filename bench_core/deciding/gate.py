@@ -57,7 +57,7 @@ import numpy as np
 
 from bench_core.core.environment import differences
 from bench_core.core.records import Measurement, throttled
-from bench_core.core.scenario import Scenario, thaw
+from bench_core.core.scenario import INFORMATIONAL, Scenario, thaw
 from bench_core.deciding.sequential import planned_looks
 from bench_core.deciding.slow_runs import Difference, difference, fit_slow_runs
 from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
@@ -192,7 +192,7 @@ def scenario_differences(base: Scenario, cand: Scenario) -> dict:
     if base.window != cand.window:
         diffs["window"] = (list(base.window), list(cand.window))
     bm, cm = thaw(base.metadata), thaw(cand.metadata)
-    for key in sorted(set(bm) | set(cm)):
+    for key in sorted((set(bm) | set(cm)) - set(INFORMATIONAL)):
         if bm.get(key) != cm.get(key):
             diffs[f"metadata.{key}"] = (bm.get(key), cm.get(key))
     return diffs

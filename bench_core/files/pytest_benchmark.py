@@ -10,6 +10,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from bench_core.core.records import Measurement
+from bench_core.core.scenario import thaw
 from bench_core.files.storage import scenario_doc
 from bench_core.core.stats import summarize, tukey_fences
 
@@ -64,13 +65,15 @@ def to_pytest_benchmark(results: Sequence[Measurement], environment: Mapping[str
         s = summarize(secs)
         q1, q3 = s.q1, s.q3
         lo, hi = tukey_fences(q1, q3)
+        meta = thaw(m.scenario.metadata)
+        params = meta.get("params")
         benches.append({
-            "group": None,
+            "group": meta.get("group"),
             "name": m.name,
-            "fullname": m.name,
-            "params": None,
-            "param": None,
-            "extra_info": {"bench_core": {"scenario": scenario_doc(m.scenario), "device": m.device, "timer": m.timer,
+            "fullname": meta.get("test", m.name),
+            "params": params,
+            "param": m.name[m.name.index("[") + 1:-1] if params and m.name.endswith("]") and "[" in m.name else None,
+            "extra_info": {**meta.get("extra_info", {}), "bench_core": {"scenario": scenario_doc(m.scenario), "device": m.device, "timer": m.timer,
                                           "mode": m.mode, "block_size": m.block_size,
                                           "cold_start_ms": dict(m.cold_start.__dict__)}},
             "options": {"disable_gc": True, "timer": m.timer, "min_rounds": m.repeats, "max_time": None,

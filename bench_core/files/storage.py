@@ -515,9 +515,12 @@ def write_decision(folder: Path, record: Mapping[str, Any], name: str) -> Path:
     return _write_new(folder, f"decision-{safe_stem(name, 'decision')}", _dump(doc))
 
 
-def write_pytest_benchmark(path: Path, doc: Mapping[str, Any]) -> Path:
-    """pytest-benchmark's JSON layout (built by `timers.to_pytest_benchmark`), never over an existing file."""
-    return write_new(Path(path), (json.dumps(doc, indent=1) + "\n").encode())
+def write_pytest_benchmark(path: Path, doc: Mapping[str, Any], replace: bool = False) -> Path:
+    """pytest-benchmark's JSON layout (built by `files.pytest_benchmark.to_pytest_benchmark`), never over an
+    existing file, except where `replace` says the path is pytest-benchmark's own --benchmark-json, which
+    replaces its file each run (atomically here: a reader never sees half of one)."""
+    data = (json.dumps(doc, indent=1) + "\n").encode()
+    return atomic_write(Path(path), data, overwrite=True) if replace else write_new(Path(path), data)
 
 
 def append_text(path: Path, text: str) -> Path:

@@ -44,7 +44,8 @@ def pytest_benchmark_json(s) -> str:
     from bench_core.files.pytest_benchmark import to_pytest_benchmark
 
     return "pytest-benchmark JSON written to " + str(storage.write_pytest_benchmark(
-        s.config.pb_json, to_pytest_benchmark(s.results, s.environment, storage.now_iso())))
+        s.config.pb_json, to_pytest_benchmark(s.results, s.environment, storage.now_iso()),
+        replace=s.config.pb_json_replaces))
 
 
 def markdown_report(s) -> str:
@@ -85,6 +86,9 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
     configuration says `save_incomplete`."""
     lines: list[str] = []
     failures: list[str] = []
+    if s.config.save is not None and not s.results:   # never a green run that stored nothing
+        unmeasured = f" ({len(s.unmeasured)} test(s) timed outside bench_core)" if s.unmeasured else ""
+        failures.append(f"baseline {s.config.save!r} NOT saved: no scenario was measured by bench_core{unmeasured}")
     if not s.results and not s.errors and not s.decisions:
         return lines, failures
     reporters: list[Reporter] = []
@@ -112,13 +116,15 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
             lines.append(report(s))
         except Exception as exc:  # noqa: BLE001 - every write gets its chance, every failure is said
             failures.append(str(exc))
-    return lines + next_steps(s, saved=bool(s.config.save) and not failures), failures
+    saved = bool(s.config.save) and (not incomplete or s.config.save_incomplete) and not failures
+    return lines + next_steps(s, saved=saved, failed=bool(failures)), failures
 
 
-def next_steps(s, saved: bool) -> list[str]:
-    """What a user can do with this run, for a session that was not gated: keep it, gate against it."""
+def next_steps(s, saved: bool, failed: bool) -> list[str]:
+    """What a user can do with this run, for a session that was not gated: keep it, gate against it. Said only
+    where it is true: nothing after a baseline that was not saved, or a write that failed."""
     c = s.config
-    if c.compare or c.against or c.replica or c.serve or not s.results:
+    if c.compare or c.against or c.replica or c.serve or not s.results or failed or (c.save and not saved):
         return []
     if saved:
         return [f"next: gate a later run against it: pytest benchmarks --bench-compare {c.save}",

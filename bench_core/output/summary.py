@@ -18,16 +18,17 @@ def shown(session, text: str) -> str:
 def summary_sections(session) -> list[tuple[str, str]]:
     """The report as (title, text) sections, in reading order."""
     s = session
-    if not s.results and not s.errors and not s.decisions:
+    if not s.results and not s.errors and not s.decisions and not (s.unmeasured and s.compared_with):
         return []
     wide = s.config.wide
     # what could not be counted (FLOPs, signatures, instructions) is said, never shown as nothing: under the work
     # table where there is one, else under the results (or an A/B-only session's decisions)
     uncounted = [] if s.config.count_flops and s.results else list(s.uncounted)
-    out = [("bench_core results", session_table(s.results, s.errors, wide=wide) + below(
-        [f"{test} left behind (undone, so later scenarios start from the session's state): {'; '.join(what)}"
-         for test, what in s.leaks] + uncounted, wide))] if s.results or s.errors else []   # an A/B-only session
-    # has no table
+    notes = [f"{test} left behind (undone, so later scenarios start from the session's state): {'; '.join(what)}"
+             for test, what in s.leaks] + uncounted
+    notes += [f"{test}: not measured by bench_core: {why}" for test, why in s.unmeasured if s.compared_with is None]
+    out = [(title, session_table(group, s.errors if i == 0 else (), wide=wide) + below(notes if i == 0 else [], wide))
+           for i, (title, group) in enumerate(result_groups(s))]   # an A/B-only session has no table
     if any(m.ranks is not None for m in s.results):
         out.append(("bench_core distributed scenarios (every rank)", ranks_table(s.results, wide=wide)))
     if s.config.count_flops and s.results:
@@ -55,6 +56,35 @@ def summary_sections(session) -> list[tuple[str, str]]:
     return [(shown(s, title), shown(s, text)) for title, text in out]
 
 
+def result_groups(s) -> list[tuple[str, list]]:
+    """The results table's titles and rows: one table, or one a group where pytest-benchmark's
+    --benchmark-group-by puts the session's results in several (its groups, in the order first met)."""
+    if not s.results and not s.errors:
+        return []
+    keys = [_group_key(s.config.group_by, m) if s.config.group_by else "" for m in s.results]
+    order = list(dict.fromkeys(keys))
+    if len(order) <= 1:
+        return [("bench_core results", list(s.results))]
+    return [(f"bench_core results: {key or 'no group'}", [m for m, k in zip(s.results, keys) if k == key])
+            for key in order]
+
+
+def _group_key(group_by: str, m) -> str:
+    """pytest-benchmark's grouping keys (group, name, fullname, func, fullfunc, param, param:NAME), for a result."""
+    meta = m.scenario.metadata
+    test = meta.get("test", m.name)
+    parts = []
+    for key in (k.strip() for k in group_by.split(",") if k.strip()):
+        value = {"group": meta.get("group"), "name": m.name, "fullname": test, "func": m.name.split("[")[0],
+                 "fullfunc": test.split("[")[0],
+                 "param": m.name[m.name.index("["):] if "[" in m.name else None}.get(key)
+        if key.startswith("param:"):
+            p = key.split(":", 1)[1]
+            value = f"{p}={(meta.get('params') or {}).get(p)}"
+        parts.append(f"{key} {value}" if key == "group" and value is not None else value or "")
+    return ", ".join(p for p in parts if p)
+
+
 def comparison_lines(s) -> list[str]:
     """The session's own lines under the comparison table: warnings, the prior, the outcome."""
     lines = []
@@ -74,6 +104,7 @@ def comparison_lines(s) -> list[str]:
         lines.append(f"process mode: {len(s.workers.scenarios)} scenario(s) served by {s.workers.started} pytest "
                      f"process(es), one per side and test file, kept from scenario to scenario")
     lines += [f"{name}: {note}" for name, note in s.one_side]
+    lines += [f"{test}: not measured by bench_core: {why}" for test, why in s.unmeasured]
     lines += [f"warning: {note}" for note in s.baseline_notes]
     if s.prior is not None:
         lines.append(f"run-to-run variance prior: {math.expm1(math.sqrt(s.prior.variance)):.1%} spread, "

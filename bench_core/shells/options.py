@@ -7,7 +7,9 @@ the two shells cannot drift apart. The config objects are built here too, from w
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -33,16 +35,24 @@ class Option:
     metavar: str | None = None
     cli: str | None = None              # the CLI's flag, for an option the CLI shares
     choices: tuple[str, ...] | None = None
+    setting: bool = False               # a team sets it once: a key of pyproject.toml's [tool.bench_core]
+    internal: bool = False              # bench_core's own plumbing between its processes: not in --help
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
 
-    def kwargs(self) -> dict:
-        text = self.help.replace("%", "%%")   # both shells format help texts with %
+    @property
+    def key(self) -> str:
+        """Its key in [tool.bench_core]: the flag without --bench- (underscores read the same)."""
+        return self.flag.removeprefix("--bench-").removeprefix("--")
+
+    def kwargs(self, given_only: bool = False) -> dict:
+        """argparse's arguments; `given_only`: no default (None: not given), so a setting can fill it."""
+        text = argparse.SUPPRESS if self.internal else self.help.replace("%", "%%")   # help texts use %
         if self.type is None:
             return {"action": "store_true", "default": False, "help": text, "dest": self.dest}
-        kw = {"type": self.type, "default": self.default, "help": text, "dest": self.dest}
+        kw = {"type": self.type, "default": None if given_only else self.default, "help": text, "dest": self.dest}
         if self.choices is not None:
             kw["choices"] = self.choices
         else:   # the value's name, not the destination's: NAME rather than BENCH_SAVE
@@ -66,7 +76,7 @@ AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-
 NPROC, NNODES, NODE_RANK, RDZV = "--bench-nproc", "--bench-nnodes", "--bench-node-rank", "--bench-rdzv-endpoint"
 PB_JSON, REF_SAVE, REFS, REPLICA = "--bench-pb-json", "--bench-ref-save", "--bench-references", "--bench-replica"
 AGAINST_PROCESSES, AGAINST_PYTHON, SERVE = "--bench-against-processes", "--bench-against-python", "--bench-serve"
-MALLOC = "--bench-malloc"
+MALLOC, PB_FIXTURE = "--bench-malloc", "--bench-pb-fixture"
 CACHE, GRAPH = "--bench-cache", "--bench-graph"
 PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK = ("--bench-profile", "--bench-profile-shapes",
                                                           "--bench-profile-memory", "--bench-profile-stack")
@@ -104,9 +114,12 @@ def _options() -> tuple[Option, ...]:
         Option(GPU, "run scenarios on CUDA; stop at once if CUDA is not available"),
         Option(MALLOC, "'pinned' (the default) fixes glibc malloc's thresholds in every process that measures (this "
                        "one, the gate's fresh processes, both sides' servers, ranks), so that a process does not draw "
-                       "its own way of reusing freed memory (a memory-bound step's runs spread 10-14% left alone, "
-                       "3.6-4.4% pinned; docs/history.md); 'as-is' leaves them to glibc. Recorded with every result",
+                       "its own way of reusing freed memory (docs/history.md says what it changes); 'as-is' leaves "
+                       "them to glibc. Recorded with every result",
                str, choices=("pinned", "as-is")),
+        Option(PB_FIXTURE, "tests that use pytest-benchmark's `benchmark` fixture: 'adopt' (the default) measures and "
+                           "gates them as bench_core scenarios; 'leave' leaves them to pytest-benchmark, and a gate "
+                           "counts them as not measured", str, choices=("adopt", "leave")),
         Option(WARMUP, "untimed warmup calls per scenario (overrides scenarios)", int),
         Option(REPEATS, "timed samples per scenario (overrides scenarios)", int),
         Option(QUICK, "smoke run: smallest sizes, 1 warmup, 5 samples"),
@@ -209,13 +222,72 @@ def _gpu_options() -> tuple[Option, ...]:
     )
 
 
-OPTIONS = _options()
+# what a team sets once, in pyproject.toml's [tool.bench_core] (the command line wins)
+SETTINGS = (WARMUP, REPEATS, THREADS, MALLOC, PB_FIXTURE, OUT, BASELINES, HISTORY, REFS, TIMEOUT, STRICT, WIDE,
+            THRESHOLD, ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS,
+            SIGNATURE, NO_GROWTH, FLOPS, PEAK)
+INTERNAL = (SERVE, REPLICA)   # how bench_core starts its own processes: never typed by a user
+
+OPTIONS = tuple(dataclasses.replace(o, setting=o.flag in SETTINGS, internal=o.flag in INTERNAL) for o in _options())
 BY_FLAG = {o.flag: o for o in OPTIONS}
+BY_KEY = {o.key: o for o in OPTIONS if o.setting}
 
 
 def add_to_pytest(group) -> None:
+    """Every option, none with a default of its own: `values` fills what was not given, from the project's
+    settings and then the option's default."""
     for o in OPTIONS:
-        group.addoption(o.flag, **o.kwargs())
+        group.addoption(o.flag, **o.kwargs(given_only=True))
+
+
+def settings(table: dict, where: str) -> dict[str, Any]:
+    """A [tool.bench_core] table checked, by option flag: every key an option a team sets once, every value of
+    its type; a wrong one is a ValueError naming the file and the key."""
+    out = {}
+    for raw, value in table.items():
+        key = str(raw).replace("_", "-")
+        o = BY_KEY.get(key)
+        if o is None:
+            near = difflib.get_close_matches(key, list(BY_KEY), n=1)
+            known = BY_FLAG.get(f"--bench-{key}") or BY_FLAG.get(f"--{key}")
+            why = (f"{known.flag} is given per run, on the command line, not in a project file" if known else
+                   f"not a setting (did you mean {near[0]!r}?)" if near else
+                   f"not a setting; the settings are {', '.join(sorted(BY_KEY))}")
+            raise ValueError(f"{where}: [tool.bench_core] {raw}: {why}")
+        out[o.flag] = _setting_value(o, value, f"{where}: [tool.bench_core] {raw} = {value!r}")
+    return out
+
+
+def _setting_value(o: Option, value: Any, where: str) -> Any:
+    if o.type is None:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: give true or false")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
+            o.type is int and not isinstance(value, int)):
+        raise ValueError(f"{where}: give {'an integer' if o.type is int else 'a number' if o.type is float else 'text'}"
+                         f" (as {o.flag} takes)")
+    try:
+        converted = o.type(value) if o.type is not str else str(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if o.choices is not None and converted not in o.choices:
+        raise ValueError(f"{where}: choose from {', '.join(o.choices)}")
+    return converted
+
+
+def values(given: Callable[[str], Any], project: dict[str, Any]) -> "Values":
+    """An option's value by its flag: as given on the command line, else the project's setting (`settings`),
+    else the option's default."""
+    def value(flag: str) -> Any:
+        o = BY_FLAG[flag]
+        got = given(o.dest)
+        if got is not None and got is not False:
+            return got
+        if flag in project:
+            return project[flag]
+        return o.default if o.type is not None else False
+    return value
 
 
 def add_to_cli(parser, *flags: str) -> None:
@@ -323,8 +395,9 @@ def serve_fds(value: Values) -> tuple[int, int] | None:
     return r, w
 
 
-def session_config(value: Values, root: Path, device: str):
-    """The whole session's configuration from the command line; paths are relative to `root`."""
+def session_config(value: Values, root: Path, device: str, **extra):
+    """The whole session's configuration from the command line; paths are relative to `root`. `extra`: fields
+    the shell knows itself (pytest-benchmark's options, pytest-xdist)."""
     from bench_core.session import SessionConfig
 
     cfg = SessionConfig(
@@ -333,7 +406,8 @@ def session_config(value: Values, root: Path, device: str):
         results_dir=None if value(NO_OUT) else root / value(OUT), baselines_dir=root / value(BASELINES),
         history=None if value(NO_OUT) or value(HISTORY) in (None, "none") else root / value(HISTORY),
         save=value(SAVE), append=value(APPEND), save_incomplete=value(SAVE_INCOMPLETE), compare=value(COMPARE),
-        pb_json=value(PB_JSON), gate=gate_config(value), profile=profile_config(value, device),
+        pb_json=extra.pop("pb_json", None) or (root / value(PB_JSON) if value(PB_JSON) else None),
+        gate=gate_config(value), profile=profile_config(value, device),
         references_dir=root / value(REFS), save_references=value(REF_SAVE), against=against_config(value),
         timeout_s=value(TIMEOUT) or None, strict=value(STRICT),
         markdown=Path(value(MD)) if value(MD) else None, wide=value(WIDE),
@@ -341,7 +415,8 @@ def session_config(value: Values, root: Path, device: str):
         signature=value(SIGNATURE) or bool(value(NO_GROWTH)) or value(INSTRUCTIONS),
         instructions=value(INSTRUCTIONS), no_growth=no_growth(value(NO_GROWTH)),
         topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None,
-        serve=serve_fds(value), cache=value(CACHE), graph=bool(value(GRAPH)), malloc=value(MALLOC) or "pinned")
+        serve=serve_fds(value), cache=value(CACHE), graph=bool(value(GRAPH)), malloc=value(MALLOC) or "pinned",
+        pb_fixture=value(PB_FIXTURE) or "adopt", **extra)
     if cfg.cache or cfg.graph:
         mode = CACHE if cfg.cache else GRAPH
         if device == "cpu":

@@ -29,9 +29,10 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
                                   f"gate; side by side ({opt.AGAINST}) does not apply them, so it is not compared: "
                                   f"gate it against a stored baseline ({opt.COMPARE})")
     value_of = fixture_values(request)
+    described = pb_metadata(request)
 
     def rebuild(_round):
-        return capture(request.function, value_of, sizing, "current tree", name)
+        return capture(request.function, value_of, sizing, "current tree", name, described)
 
     live = instance_from(fn, kwargs, scenario)
     if request.cls is not None:
@@ -59,12 +60,30 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
                              f"{'; '.join(unfaithful)}, which differs in {loaded.revision.label}")
 
     def rev_build(_round):
-        return capture(theirs, value_of, sizing, f"revision {loaded.revision.label}", name)
+        return capture(theirs, value_of, sizing, f"revision {loaded.revision.label}", name, described)
 
     return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"),
                                proof=loaded.proof(request.path, request.function, theirs),
                                clock=kwargs.get("clock"), backend=kwargs.get("backend"),
                                servers=lambda: process_sides(session, request, name, path, function))
+
+
+def pb_metadata(request) -> dict | None:
+    """What a pytest-benchmark test's scenario records of its test (None for a `bench` test): its parameters,
+    the device and dtype it was given, and the test itself (informational)."""
+    if "benchmark" not in request.fixturenames:
+        return None
+    from bench_core.workflows.adopted import plain
+
+    node = request.node
+    spec = getattr(node, "callspec", None)
+    out: dict = {"test": node.nodeid}
+    if spec is not None:
+        out["params"] = {k: plain(v) for k, v in spec.params.items()}
+    for name in ("device", "dtype"):
+        if name in node.fixturenames:
+            out[f"test_{name}"] = plain(request.getfixturevalue(name))
+    return out
 
 
 def fixture_values(request):
@@ -95,7 +114,7 @@ def same_code(session, request, theirs) -> list[str]:
 
     loaded = session.revision
     defs = getattr(getattr(request.node, "_fixtureinfo", None), "name2fixturedefs", {})
-    fixtures = {n: d[-1].func for n, d in defs.items() if d and n not in ("bench", "request")}
+    fixtures = {n: d[-1].func for n, d in defs.items() if d and n not in ("bench", "benchmark", "request")}
     module = sys.modules.get(theirs.__module__)
     return (fidelity.fixture_problems(fixtures, loaded.current_root, loaded.root)
             + ([f"{f} (imported by its test from this tree)"

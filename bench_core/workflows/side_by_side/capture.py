@@ -1,6 +1,7 @@
 """A benchmark test called again, to capture its scenario as a fresh instance (for side-by-side rounds).
 
-A benchmark test builds its model and data, then hands its step to `bench.run(scenario, fn, ...)`.
+A benchmark test builds its model and data, then hands its step to `bench.run(scenario, fn, ...)` (or to
+pytest-benchmark's `benchmark(fn, ...)`, which `workflows.adopted` turns into the same call).
 Called with a `CaptureBench` instead, the test builds everything anew and stops at `bench.run`,
 handing over the scenario and the step: a new instance with fresh allocations, of whichever code
 the test function belongs to (the current tree's or another revision's). Nothing here needs pytest:
@@ -14,6 +15,7 @@ from typing import Any, Callable
 from bench_core.core.errors import ScenarioError
 from bench_core.timing.counts import Sizing
 from bench_core.timing.protocol import Instance
+from bench_core.workflows.adopted import PbCalls
 
 
 class _Captured(BaseException):
@@ -42,14 +44,19 @@ def instance_from(fn: Callable[[], Any], kwargs: dict, scenario=None) -> Instanc
     return Instance(fn, kwargs.get("setup"), kwargs.get("load"), block, scenario, clock=kwargs.get("clock"))
 
 
-def capture(func: Callable, value_of: Callable[[str], Any], sizing: Sizing, side: str, name: str) -> Instance:
+def capture(func: Callable, value_of: Callable[[str], Any], sizing: Sizing, side: str, name: str,
+            metadata: dict | None = None) -> Instance:
     """Call the test function `func` with a CaptureBench as `bench` and `value_of(arg)` for every other
-    argument; return the instance it hands to `bench.run`."""
+    argument; return the instance it hands to `bench.run`. `metadata`: what a pytest-benchmark test's scenario
+    records of its test (its parameters, device and dtype), which the caller reads off the test."""
     bench = CaptureBench(sizing.device, sizing.quick)
     args = {}
     for arg in inspect.signature(func).parameters:
         if arg == "bench":
             args[arg] = bench
+            continue
+        if arg == "benchmark":   # a pytest-benchmark test: its one call is handed over as bench.run's would be
+            args[arg] = PbCalls(name, bench.run, metadata=metadata)
             continue
         try:
             args[arg] = value_of(arg)
