@@ -2,6 +2,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
@@ -12,7 +14,9 @@ def _block(section: str, lang: str = "python") -> str:
 
 def test_the_validation_example_runs_as_written(capsys):
     namespace: dict = {}
-    exec(compile(_block("Validate an optimization"), "README.md", "exec"), namespace)
+    with pytest.raises(SystemExit) as ended:   # a refused candidate would end it with 1
+        exec(compile(_block("Validate an optimization"), "README.md", "exec"), namespace)
+    assert ended.value.code == 0 and namespace["report"].ok
     out = capsys.readouterr().out
     assert "PASS" in out and "group 0: foreach False -> True" in out
     assert namespace["result"].identities["candidate"]["optimizer_settings"]["group 0"]["foreach"] == "True"

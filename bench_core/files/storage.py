@@ -270,11 +270,36 @@ def baseline_path(folder: Path, name: str) -> Path:
 
 
 def _baseline_lock(path: Path):
-    """The lock every read-modify-write of a baseline holds: a hidden file beside it."""
+    """The lock every read-modify-write of a baseline holds: a file in this machine's temporary folder named
+    after the baseline's absolute path, never beside the baseline, where it would lie untracked in the user's
+    repository (and make its tree dirty). Writers on one machine exclude each other; a baseline folder shared by
+    several machines needs one writer at a time."""
+    import hashlib
+
     from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(path.parent / f".{path.name}.lock"), timeout=120)
+    locks = Path(tempfile.gettempdir()) / "bench_core-locks"
+    locks.mkdir(exist_ok=True)
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
+    return FileLock(str(locks / f"{key}.lock"), timeout=120)
+
+
+def ignored_by_git(folder: Path) -> None:
+    """bench_core's own folder (`.bench`, which holds results and the history) ignores itself, as pytest's cache
+    does: nothing bench_core leaves there shows as untracked in the user's repository. Other folders (a
+    baselines folder is meant to be committed or cached) are left alone."""
+    folder = Path(folder)
+    top = next((p for p in (folder, *folder.parents) if p.name == ".bench"), None)
+    if top is None:
+        return
+    try:
+        top.mkdir(parents=True, exist_ok=True)
+        marker = top / ".gitignore"
+        if not marker.exists():
+            marker.write_text("# written by bench_core: this folder ignores itself\n*\n")
+    except OSError:   # a read-only tree: the writes that follow say so, naming their files
+        pass
 
 
 def save_baseline(folder: Path, name: str, results: Sequence[Measurement], environment: Mapping[str, Any],

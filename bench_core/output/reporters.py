@@ -10,6 +10,7 @@ from bench_core.files import storage
 from bench_core.output.summary import plot_groups, shown
 
 Reporter = Callable[..., str]
+INTERRUPTED = "the session was interrupted"   # a part of a run: kept in its session file, never in the history
 
 
 def session_file(s, run) -> str:
@@ -96,7 +97,8 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
     if s.config.results_dir is not None:
         reporters += [lambda s: session_file(s, run), *(decision_record(name, res) for name, res in s.decisions)]
     if s.config.history is not None and s.results and not s.config.quick:
-        reporters.append(lambda s: history_record(s, run))
+        reporters.append((lambda s: f"history: this run NOT added to {s.config.history}: {incomplete}")
+                         if incomplete == INTERRUPTED else lambda s: history_record(s, run))
     if s.config.pb_json is not None:
         reporters.append(pytest_benchmark_json)
     if s.config.markdown is not None:
@@ -111,6 +113,9 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
                                        f"a whole, passing session (--bench-save-incomplete stores it anyway)")
         else:
             reporters.append(baseline_run)
+    for folder in (s.config.results_dir, s.config.history):
+        if folder is not None:
+            storage.ignored_by_git(folder if folder.suffix == "" else folder.parent)
     for report in reporters:
         try:
             lines.append(report(s))
@@ -120,11 +125,36 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
     return lines + next_steps(s, saved=saved, failed=bool(failures)), failures
 
 
+def failing_steps(s) -> list[str]:
+    """After a gate that failed a scenario: how to look into it, and how to accept the change."""
+    failing = [cmp.name for cmp in s.comparisons if s.fails(cmp)]
+    if not failing:
+        return []
+    k = failing[0]
+    lines = [f"next: where the time went: rerun with --bench-profile DIR (a profiler pass after each measurement, "
+             f"never inside it)"]
+    if s.config.against is not None:
+        here, there = s.revision.current, s.revision.revision   # a range of commits to search, or the diff itself
+        if there.commit and here.commit and there.commit != here.commit and not s.config.against.python:
+            lines.append(f"      which commit: bench-core bisect {s.config.against.rev} HEAD -k {k!r}"
+                         + (" (after committing this tree's changes, which are part of the difference)"
+                            if here.dirty else ""))
+    else:
+        lines.append(f"      to accept the change: store this code as a new baseline (--bench-save NAME, more runs "
+                     f"with --bench-append) and gate against that; bench-core baseline list {s.config.compare} shows "
+                     f"the old one's runs")
+    return lines
+
+
 def next_steps(s, saved: bool, failed: bool) -> list[str]:
     """What a user can do with this run, for a session that was not gated: keep it, gate against it. Said only
     where it is true: nothing after a baseline that was not saved, or a write that failed."""
     c = s.config
-    if c.compare or c.against or c.replica or c.serve or not s.results or failed or (c.save and not saved):
+    if c.replica or c.serve:
+        return []
+    if c.compare or c.against:
+        return failing_steps(s)
+    if not s.results or failed or (c.save and not saved):
         return []
     if saved:
         return [f"next: gate a later run against it: pytest benchmarks --bench-compare {c.save}",

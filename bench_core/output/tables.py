@@ -111,14 +111,16 @@ SESSION_HEADERS = ["scenario", "device", "threads", "timer", "mode", "cold start
 NOISY_CV = 0.25   # samples spread more than this (coefficient of variation) are too noisy to read at a glance
 
 
-def sample_shape(samples: Sequence[float]) -> str | None:
-    """A warning, in words with the likely cause, when samples fall into separate clusters or spread widely."""
+def sample_shape(samples: Sequence[float], threads: int | None = None) -> str | None:
+    """A warning, in words with the likely cause, when samples fall into separate clusters or spread widely.
+    `threads`: the torch threads the samples ran on (more threads than free cores is a cause only above one)."""
     split = clusters(samples)
     if split is not None:
         (lo, n_lo), (hi, n_hi) = split
+        cause = ("another process competing for the CPU or GPU (torch ran on one thread here)" if threads == 1 else
+                 "another process competing for the CPU or GPU, or more threads than free cores (--bench-threads 1)")
         return (f"samples fall into two clusters, {n_lo} around {_ms(lo)} ms and {n_hi} around {_ms(hi)} ms "
-                f"({hi / lo:.1f}x): likely another process competing for the CPU or GPU, or more threads than free "
-                f"cores (--bench-threads 1); the median is one cluster's, not the code's")
+                f"({hi / lo:.1f}x): likely {cause}; the median is one cluster's, not the code's")
     s = summarize(samples)
     if s.n >= 5 and s.cv is not None and s.cv > NOISY_CV:
         return (f"samples vary widely (CV {s.cv:.0%}, min {_ms(s.min)} ms, max {_ms(s.max)} ms): likely a busy "
@@ -128,7 +130,7 @@ def sample_shape(samples: Sequence[float]) -> str | None:
 
 def session_rows(results: Sequence[Measurement], shapes: Sequence[str | None] | None = None) -> list[list[str]]:
     """`shapes`: each result's `sample_shape`, when the caller has them already."""
-    shapes = [sample_shape(m.primary_ms) for m in results] if shapes is None else shapes
+    shapes = [sample_shape(m.primary_ms, m.threads) for m in results] if shapes is None else shapes
     rows = []
     for m, shape in zip(results, shapes):
         s = m.summary
@@ -150,7 +152,7 @@ def session_rows(results: Sequence[Measurement], shapes: Sequence[str | None] | 
 
 def session_table(results: Sequence[Measurement], errors: Sequence[tuple[str, str]] = (), fmt: str = "simple",
                   wide: bool = False) -> str:
-    shapes = [sample_shape(m.primary_ms) for m in results]
+    shapes = [sample_shape(m.primary_ms, m.threads) for m in results]
     out = fit(SESSION_HEADERS, session_rows(results, shapes), wide=wide, fmt=fmt,
               foldable=("device", "threads", "timer", "mode", "n", "throughput", "window mem"),
               droppable=("IQR ms", "window mem", "throughput", "min ms"))

@@ -417,6 +417,12 @@ def session_config(value: Values, root: Path, device: str, **extra):
         topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None,
         serve=serve_fds(value), cache=value(CACHE), graph=bool(value(GRAPH)), malloc=value(MALLOC) or "pinned",
         pb_fixture=value(PB_FIXTURE) or "adopt", **extra)
+    from bench_core.timing.measuring import MIN_REPEATS
+
+    if cfg.repeats is not None and cfg.repeats < MIN_REPEATS:   # found now, not after each scenario built its model
+        raise ValueError(f"{REPEATS} takes at least {MIN_REPEATS} samples (a spread needs two), got {cfg.repeats}")
+    if cfg.warmup is not None and cfg.warmup < 0:
+        raise ValueError(f"{WARMUP} takes a count of calls, 0 or more, got {cfg.warmup}")
     if cfg.cache or cfg.graph:
         mode = CACHE if cfg.cache else GRAPH
         if device == "cpu":

@@ -190,9 +190,11 @@ def pytest_sessionfinish(session, exitstatus):
     bench = _session(session.config)
     if bench is None:
         return
+    from bench_core.output.reporters import INTERRUPTED
+
     incomplete = None
     if exitstatus == pytest.ExitCode.INTERRUPTED:
-        incomplete = "the session was interrupted"
+        incomplete = INTERRUPTED
     elif session.testsfailed:
         incomplete = f"{session.testsfailed} test(s) failed"
     lines, failures = bench.finish(incomplete)

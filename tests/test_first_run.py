@@ -1,0 +1,93 @@
+"""What a new user meets on a first run, each once a defect: files bench_core leaves in the repository, an
+interrupted run in the history, counts that cannot work, hints that contradict the table, the next step after a
+failing gate."""
+import subprocess
+
+from bench_core.output.html import strip_svg
+from bench_core.output.tables import sample_shape
+
+BENCH = '''
+from bench_core import Scenario
+from fakes import FakeClock, work
+
+LEVEL = {level}
+
+def test_alpha(bench):
+    clock = FakeClock()
+    bench.run(Scenario("alpha", ("forward",)), work(clock, 3.0, LEVEL), clock=clock)
+'''
+
+
+def _bt(pytester):
+    import fakes
+
+    pytester.makeconftest(f"import sys; sys.path.insert(0, {str(fakes.__file__.rsplit('/', 1)[0])!r})")
+    return pytester
+
+
+def _git(root, *args) -> str:
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True,
+                          env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+                               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
+                               "HOME": str(root), "PATH": "/usr/bin:/bin"}).stdout
+
+
+def test_a_saved_baseline_leaves_no_lock_and_the_results_folder_ignores_itself(pytester):
+    bt = _bt(pytester)
+    bt.makepyfile(test_b=BENCH.format(level=2.0))
+    _git(bt.path, "init", "-q")
+    _git(bt.path, "add", "-A")
+    _git(bt.path, "commit", "-qm", "v1")
+    res = bt.runpytest("--bench-save", "main")
+    assert res.ret == 0
+    assert sorted(p.name for p in (bt.path / "baselines").iterdir()) == ["main.json"]
+    assert _git(bt.path, "status", "--porcelain", "--untracked-files=all").split() == ["??", "baselines/main.json"]
+    _git(bt.path, "add", "baselines")
+    _git(bt.path, "commit", "-qm", "baseline")
+    res = bt.runpytest("--bench-against", "HEAD", "--bench-rounds", "3", "--bench-pairs", "1")
+    assert "dirty" not in res.stdout.str()   # nothing bench_core wrote makes the tree look changed
+
+
+def test_an_interrupted_run_is_not_added_to_the_history_nor_followed_by_advice(pytester):
+    bt = _bt(pytester)
+    bt.makepyfile(test_b=BENCH.format(level=2.0) + "\n\ndef test_stop():\n    raise KeyboardInterrupt\n")
+    res = bt.runpytest_subprocess("--bench-save", "main")   # in its own process: the interrupt stays there
+    out = " ".join(res.stdout.str().split())
+    assert "history: this run NOT added to" in out and "the session was interrupted" in out
+    assert "baseline 'main' NOT saved" in out and "next:" not in out
+    assert not (bt.path / ".bench" / "history.sqlite").exists()
+    assert list((bt.path / ".bench" / "results").glob("session-*.json"))   # the part that ran is kept there
+
+
+def test_counts_that_cannot_work_are_refused_before_anything_is_built(pytester):
+    bt = _bt(pytester)
+    bt.makepyfile(test_b=BENCH.format(level=2.0))
+    res = bt.runpytest("--bench-repeats", "0")
+    assert res.ret == 4
+    assert res.stderr.str().count("--bench-repeats takes at least 2 samples (a spread needs two), got 0") == 1
+    assert bt.runpytest("--bench-warmup", "-1").ret == 4
+
+
+def test_the_history_page_marks_the_median_every_table_gives():
+    assert "median 2.5<" in strip_svg([1.0, 2.0, 3.0, 4.0])
+
+
+def test_the_cluster_hint_names_threads_only_where_more_than_one_ran():
+    samples = [1.0] * 10 + [3.0] * 10
+    assert "--bench-threads 1" in sample_shape(samples, threads=4)
+    one = sample_shape(samples, threads=1)
+    assert "--bench-threads" not in one and "torch ran on one thread here" in one
+
+
+def test_a_failing_gate_says_how_to_look_into_it_and_how_to_accept_it(pytester):
+    bt = _bt(pytester)
+    bt.makepyfile(test_b=BENCH.format(level=2.0))
+    for extra in ([], ["--bench-append"], ["--bench-append"]):
+        assert bt.runpytest("--bench-save", "main", *extra).ret == 0
+    bt.makepyfile(test_b=BENCH.format(level=4.0))
+    res = bt.runpytest("--bench-compare", "main", "--bench-min-runs", "1")
+    assert res.ret == 1
+    res.stdout.fnmatch_lines(["next: where the time went: rerun with --bench-profile DIR*",
+                              "      to accept the change: store this code as a new baseline*"])
+    same = bt.runpytest("--bench-compare", "main", "--bench-min-runs", "1", "-k", "nothing")
+    assert "next:" not in same.stdout.str()
