@@ -185,6 +185,17 @@ def test_side_by_side_in_processes_calls_the_test_again_in_each_sides_server(pb)
         res.stdout.str()
 
 
+def test_a_changed_conftest_fixture_moves_its_tests_to_processes_and_says_why_on_the_terminal(pb):
+    _committed(pb, test_suite=OPS.replace("[8, 16]", "[8]"))
+    (pb.path / "conftest.py").write_text((pb.path / "conftest.py").read_text().replace('return "float32"',
+                                                                                       'return "float32"  # v2'))
+    res = pb.runpytest_subprocess("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2")
+    out = " ".join(res.stdout.str().split())
+    said = "test_op[cpu-8-add]: each side in a process of its own: in one process HEAD's side would run the current " \
+        "tree's code for the fixture"
+    assert res.ret == 0 and said in out and "the fixture 'dtype' (conftest.py)" in out.split(said, 1)[1], out
+
+
 def test_a_mixed_suite_is_one_session_one_table_one_outcome(pb):
     bench_test = '''
 from bench_core import Scenario

@@ -91,3 +91,12 @@ def test_a_failing_gate_says_how_to_look_into_it_and_how_to_accept_it(pytester):
                               "      to accept the change: store this code as a new baseline*"])
     same = bt.runpytest("--bench-compare", "main", "--bench-min-runs", "1", "-k", "nothing")
     assert "next:" not in same.stdout.str()
+
+
+def test_a_table_that_must_wrap_never_splits_a_scenario_name():
+    from bench_core.output.tables import fit
+
+    name = "fsdp2_train_step[mlp-bf16-compiled-activation-checkpointing]"
+    rows = [[name, "a note long enough to need wrapping " * 4, "1.0"], ["short", "x", "2.0"]]
+    text = fit(["scenario", "notes", "ms"], rows)
+    assert max(map(len, text.splitlines())) <= 120 and name in text.splitlines()[2]

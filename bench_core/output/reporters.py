@@ -131,8 +131,8 @@ def failing_steps(s) -> list[str]:
     if not failing:
         return []
     k = failing[0]
-    lines = [f"next: where the time went: rerun with --bench-profile DIR (a profiler pass after each measurement, "
-             f"never inside it)"]
+    lines = ["next: where the time went: rerun with --bench-profile DIR (a profiler pass after each measurement, "
+             "never inside it)"]
     if s.config.against is not None:
         here, there = s.revision.current, s.revision.revision   # a range of commits to search, or the diff itself
         if there.commit and here.commit and there.commit != here.commit and not s.config.against.python:

@@ -100,6 +100,9 @@ def comparison_lines(s) -> list[str]:
             methods.setdefault(c.method, []).append(c.name)
         for method, names in methods.items():   # one mode for all, or each mode with the scenarios it ran
             lines.append(method if len(methods) == 1 else f"{method}: {', '.join(names)}")
+        lines += [f"{rec['scenario']}: each side in a process of its own: {rec['code']['why_processes']}"
+                  for rec in s.against_records if (rec.get("code") or {}).get("why_processes")
+                  and not rec["code"]["why_processes"].startswith("asked for")]   # not said again for each
     if s.workers is not None and s.workers.started:
         lines.append(f"process mode: {len(s.workers.scenarios)} scenario(s) served by {s.workers.started} pytest "
                      f"process(es), one per side and test file, kept from scenario to scenario")

@@ -52,12 +52,17 @@ def fit(headers: Sequence[str], rows: Sequence[Sequence], *, wide: bool = False,
             remove(h)
             left_out.append(h)
     text = render()
+    # the first column is the name a reader looks for (and copies into -k): it wraps only when longer than half
+    # the table, which no real name is
+    named = max([len(str(r[0])) for r in rows] + [0]) <= width // 2
     for _ in range(3):   # still too wide: the widest columns wrap their text, down to one level for all of them
         over = max(map(len, text.splitlines())) - width
         if over <= 0:
             break
         cols = {h: limits.get(h) or max([len(str(h))] + [len(x) for r in rows for x in str(r[i]).splitlines()])
-                for i, h in enumerate(headers)}
+                for i, h in enumerate(headers) if i > 0 or not named}
+        if not cols:
+            break
         level = max(cols.values())
         while level > 12 and sum(max(0, c - level) for c in cols.values()) < over:
             level -= 1
