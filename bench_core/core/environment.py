@@ -24,8 +24,8 @@ COMPARABILITY_FIELDS = (
 CPU_COMPARABILITY_FIELDS = ("cpu_model", "cpu_count")
 
 # Recorded only by later versions: compared where both records have them, so older baselines stay comparable.
-# `malloc`: glibc's thresholds pinned or left to move (`--bench-malloc`): a memory-bound step's runs spread 3.6-4.4%
-# pinned and 10-14% left alone, where some runs drew the slow way of reusing memory (docs/history.md).
+# `malloc`: glibc's thresholds pinned or left to move (`--bench-malloc`): a memory-bound step's runs spread several
+# times wider left alone, where some runs draw the slow way of reusing memory (docs/running.md, docs/history.md).
 LATER_COMPARABILITY_FIELDS = ("malloc",)
 
 

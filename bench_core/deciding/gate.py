@@ -199,7 +199,7 @@ def scenario_differences(base: Scenario, cand: Scenario) -> dict:
 
 
 def _measurement_differences(base: Measurement, cand: Measurement) -> dict:
-    # On the CPU the thread count changes what is measured (and on a loaded machine, by 10x and more)
+    # On the CPU the thread count changes what is measured (most of all on a loaded machine: docs/running.md)
     attrs = ("device", "mode", "timer") + (("threads",) if "cpu" in (base.device, cand.device) else ())
     diffs = {attr: (getattr(base, attr), getattr(cand, attr)) for attr in attrs
              if getattr(base, attr) != getattr(cand, attr)}

@@ -36,9 +36,9 @@ def possible_slowdown(c: Any, chase_p: float, beyond: float = 0.0) -> bool:
     chase leaves it out (docs/gate.md measures what that is worth).
 
     `beyond` (side by side: half the threshold): p is then that of a slowdown of more than `beyond`, where the
-    comparison has a t-interval (`se`, `df`). A verdict of slower needs the estimate past the threshold, and a
-    bias of about 1% that a pair of processes keeps made memory-bound A/A comparisons look slower than 1.0 at
-    p < 0.2 in 10 of 24 sessions, each then run to 24 or 36 rounds to say "unchanged" (docs/side-by-side.md)."""
+    comparison has a t-interval (`se`, `df`). A verdict of slower needs the estimate past the threshold, and the
+    small bias that a pair of processes keeps would otherwise make memory-bound A/A comparisons look slower than
+    1.0 often, each then chased to a later look only to say "unchanged" (docs/side-by-side.md)."""
     all_slow = c.slow_share ** c.candidate_runs if c.slow_share is not None else 0.0
     undecided = c.verdict == INCONCLUSIVE and not c.unusable and c.ratio is not None and c.ratio > 1
     p = c.p_value

@@ -3,7 +3,7 @@
 On a shared machine some processes run slow for their whole life (an unlucky core, a noisy neighbour,
 a cold allocation): a run's log median is its scenario's fast level plus noise, plus a fixed excess
 for a share of the processes. A normal model can only widen its spread to cover those runs, and then
-a 10% slowdown hides inside a spread that a 16% slow excess inflated. Where the machine's history
+a real slowdown hides inside a spread that the slow excess inflated (docs/gate.md). Where the machine's history
 shows the two levels clearly apart, this model keeps them apart instead:
 
     log median = level + N(0, spread^2) + excess * [the process was slow],  P(slow) = share
@@ -33,7 +33,7 @@ import numpy as np
 from bench_core.core.stats import VariancePrior, chi2_quantile, fit_variance_prior
 
 SEPARATION = 4.0            # excess / spread below this: a slow run and a real change cannot be told apart
-MIN_LIKELIHOOD_GAIN = 12.0  # log-likelihood a second level must add: none of 1200 one-level histories reached it
+MIN_LIKELIHOOD_GAIN = 12.0  # log-likelihood a second level must add: more than one-level histories reach (docs/gate.md)
 MAX_SHARE = 0.45            # a larger "slow" share is one level split in two
 MAX_GRID = 200_000          # level grid points a side may use (x 12 spread points x runs, in memory)
 SPREAD_POINTS = 12          # equal-probability points of the spread prior

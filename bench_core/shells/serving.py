@@ -44,7 +44,7 @@ class _Hooks:
     def pytest_unconfigure(self, config):
         """A server the parent asked to quit ends here, once pytest is done with it: its exit handlers run
         (temporary folders, logging, the user's own), then the process ends without the interpreter taking down
-        every object one by one, 0.75 s of a CNN server's 0.92 s end here, while the parent waited for it."""
+        every object one by one, most of a large server's end, for which the parent waits (docs/side-by-side.md)."""
         if self.quit:
             atexit._run_exitfuncs()
             for stream in (sys.stdout, sys.stderr):
@@ -144,8 +144,8 @@ def serve(session, request, sizing, scenario, fn, kwargs):
 
     def warm():
         # forked children inherit what a call sets up once per process (kernels chosen, primitive caches). One call:
-        # ten settled nanoGPT's children sooner but left memory-bound A/A comparisons sharing their server's
-        # allocator state (false calls 4/20 against 1/20; docs/side-by-side.md)
+        # more calls settle a model's children sooner but leave memory-bound A/A comparisons sharing their server's
+        # allocator state, and so more false calls (docs/side-by-side.md)
         if setup is not None:
             setup()
         fn()

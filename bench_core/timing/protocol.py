@@ -13,14 +13,14 @@ the round estimates (a t-interval with rounds - 1 degrees of freedom). The insta
 interval instead of inside the answer.
 
 Each timed sample of a pair starts where a plain run's does, from a call of its own step (the caches, the
-last-level one above all, hold its data, and the core is awake). Without that a 0.1 ms step read 75% slower side
-by side in forked children than in a plain run, and a 17 ms memory-bound one 5-9% slower, so a ratio was pulled
-towards 1 (a 4.4x slowdown read 2.8x; docs/side-by-side.md). So the pairs of a round are mirrored (A B, B A, A B,
+last-level one above all, hold its data, and the core is awake). Without that, side by side in forked children
+reads a short step, and less so a memory-bound one, slower than a plain run does, which pulls a ratio towards 1
+(docs/side-by-side.md). So the pairs of a round are mirrored (A B, B A, A B,
 ...), the first starting with the side whose first call ran last, and a side's sample that follows the other
 side's call gets an untimed call of its own ahead of it (`ahead_of`): half the calls of an untimed call ahead of
 every sample. A short step (round 0's two first calls under `SHORT_MS` together) gets the call ahead of every
 sample all the same: the call costs little there, and a sample after its own one, across the gap in which the
-parent asked for it, is not back to back (a 0.11 ms step read 0.127 ms so, 0.114 ms with the call ahead). Where
+parent asked for it, is not back to back (docs/side-by-side.md, "Mirrored pairs"). Where
 both sides must make the same number of calls (a distributed rank's two configurations end equal),
 `ahead="always"` puts one ahead of every sample whatever the step.
 
@@ -210,7 +210,7 @@ def ahead_of(sampler: Sampler, inst: Instance, what: str) -> None:
     sampler.warm(inst.fn, f"the call ahead of {what}")
 
 
-ROUND_WARM_MS = 10.0    # comparisons' `warm_ms`: a 0.1 ms step in a fresh fork ran 60% slow for its first four calls
+ROUND_WARM_MS = 10.0    # comparisons' `warm_ms`: a fresh fork's first calls run slow (docs/side-by-side.md)
 WARM_CALLS_MAX = 1000   # `warm_for`'s bound: a step whose calls return at once (queued device work) ends anyway
 ROUND_PAIRS_MS = 40.0   # comparisons' `pairs_ms`: a 1.6 ms matmul step gets 8 pairs, a 17 ms one its `pairs`
 PAIRS_MAX = 8
@@ -251,8 +251,8 @@ def first_then_sample(sampler: Sampler, inst: Instance, warm_ms: float, ahead: b
                                                                                                       Sample]:
     """A round's first call of `inst` (its cold observation), untimed calls while they and it have taken less than
     `warm_ms`, then its first sample (after `ahead_of` where `ahead`), in one go: in a round's process, with no wait
-    on the parent between the first call and the sample. Standalone, such a wait left a fresh child's second call
-    slow in 2-3 of 60 forks and none without it; in the suite, ten sessions each way could not tell the two apart."""
+    on the parent between the first call and the sample: such a wait can leave a fresh child's second call slow
+    (seen standalone, not in the suite: docs/lab/from-the-code.md)."""
     cold = sample_of(sampler, inst, f"the first call{of}", False)
     if warm_ms - cold.primary_ms > 0:
         warm_for(sampler, inst, warm_ms - cold.primary_ms, f"the first call{of}")
@@ -285,7 +285,8 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     `after_build(r)` runs once both sides of round r are built, `after_round(r)` once its pairs are taken
     (a rank checks there that both sides start and end equal); neither is timed. `timed_here` False: every
     sample is timed in another process (`run_served`), so this one leaves its collector alone: a full collection
-    of a pytest process that has imported torch took 70 ms a scenario here, while both sides' processes waited."""
+    of a pytest process that has imported torch is slow, and both sides' processes would wait for it
+    (docs/lab/from-the-code.md)."""
     if rounds < min_rounds or pairs < 1:
         raise ValueError(f"side by side needs at least {min_rounds} rounds and 1 pair, got {rounds} and {pairs}")
     if list(extend_to) != sorted(set(extend_to)) or any(n <= rounds for n in extend_to):

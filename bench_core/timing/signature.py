@@ -46,7 +46,7 @@ def record(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> Sig
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
             # torch wraps a mode's __torch_dispatch__ so that the compiler never traces inside it, and the wrapper
-            # imports torch._dynamo at its first call (most of a second, in each side's server, docs/side-by-side.md).
+            # imports torch._dynamo at its first call (a cost each side's server would pay: docs/side-by-side.md).
             # A process that has not loaded the compiler compiles nothing, so there is nothing to keep it out of.
             return loaded
 

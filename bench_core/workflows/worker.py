@@ -142,7 +142,8 @@ _KEEP: list = []   # a forked child's scattered heap, alive until the child ends
 
 def _scatter_heap(rng: random.Random) -> None:
     """Blocks of random sizes and number, never freed, before the child builds: where its instance lands is drawn
-    afresh, instead of inherited from the server (which alone left a 24-48% bias on memory-bound work)."""
+    afresh, instead of inherited from the server, which alone leaves memory-bound work with the server's bias
+    (docs/side-by-side.md)."""
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     _KEEP.extend(libc.malloc(rng.randint(1, 64) << rng.randint(4, 16)) for _ in range(rng.randint(1, 64)))
@@ -234,12 +235,12 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
             continue
         def round_child(cpus=doc.get("cpus")) -> int:
             # what the server made is frozen out of the child's collections, as one process freezes what exists
-            # before its rounds (`sampling.gc_frozen`): a collection that walked it cost 7 ms in a sample here, and
-            # wrote to the pages of every object it walked, which a forked child then copies
+            # before its rounds (`sampling.gc_frozen`): a collection that walked it would land in a sample
+            # (docs/side-by-side.md) and write to the pages of every object it walked, which a forked child copies
             gc.freeze()
             _scatter_heap(random.Random(int.from_bytes(os.urandom(8), "little")))
             # it builds beside the other side's child, on the CPUs near its own (`build_cpus`), and is held to
-            # `cpus` before its first call (`serve_round`): held to one CPU, the two builds took turns
+            # `cpus` before its first call (`serve_round`): held to one CPU from the start, the two builds take turns
             state.places = (cpus, build_cpus(cpus))
             hold_to(state.places[1])   # before its threads start: they inherit it
             set_threads(state.threads)
@@ -256,14 +257,14 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
 _QUIT_STATUS = 75   # a round's child ending on the parent's "quit": the server ends too
 
 
-SERVED_PROFILE_CALLS = 2   # a verdict's explanation, not its evidence: two profiled calls (five cost about 0.8 s a
-                           # slower scenario here, a sixth of a process-mode comparison's time)
+SERVED_PROFILE_CALLS = 2   # a verdict's explanation, not its evidence: two profiled calls (more cost a visible share
+                           # of a process-mode comparison's time: docs/lab/from-the-code.md)
 
 
 def _profile_reply(state: ServeState) -> None:
     """The parent's "profile", answered from a child forked from the server, where it may fork: profiler passes in
-    the server itself changed what the next items' warming calls left for their children to inherit, and one side's
-    children then ran slow in every round (docs/side-by-side.md)."""
+    the server itself change what the next items' warming calls leave for their children to inherit, and can leave
+    one side's children slow in every round (docs/side-by-side.md)."""
     from bench_core.timing.sampling import set_threads
 
     if not state.fork:
@@ -290,8 +291,8 @@ def _profiled(state: ServeState) -> dict:
         return {"error": "profiler pass: the item has no instance in its server"}
     try:
         # the pass runs in a freshly forked child, whose first calls run slow as a round's do, so it warms as a
-        # round does (`ROUND_WARM_MS`); with one warm call, a 0.02 ms matmul's two profiled calls once read
-        # 0.286 ms a call where six reruns read 0.04-0.08 ms (which of a fresh fork or a preemption: not known)
+        # round does (`ROUND_WARM_MS`): with one warm call, a short step's profiled calls can read several times
+        # its settled time (docs/lab/from-the-code.md)
         warm_for(Sampler(state.requested or "profiled", backend_for(state.device)), Instance(*state.step),
                  ROUND_WARM_MS, "the profiler pass")
         return {"op_times": op_times(*state.step, calls=SERVED_PROFILE_CALLS, device=state.device),
@@ -422,11 +423,10 @@ class Worker:
         """The test item to serve next ({"scenario", "file", "function", "param_id"}), run by `start_item`, `reach`
         and `wait_ready`, each called for both servers of a pair before the next. A pair's servers warm (and count)
         their steps one after the other, never side by side: with whole first runs side by side, warming included,
-        on the memory-bound A/A of `against_quality.py` the pair's estimate spread 3.9% over 50 sessions where its
-        rounds predicted 2.2% (one after the other: 2.7%), so its rounds shared their server's bias. Where rounds
-        fork, the tests up to their bench.run run side by side, as the servers' starts do, and 50 sessions each way
-        showed no such sharing (docs/side-by-side.md, run P); on CUDA, where a server's own process is measured,
-        nothing runs side by side."""
+        a pair's rounds share their servers' bias, and a memory-bound A/A estimate spreads wider than its rounds
+        predict. Where rounds fork, the tests up to their bench.run run side by side, as the servers' starts do,
+        which leaves the rounds no such shared bias (docs/side-by-side.md has both checks); on CUDA, where a
+        server's own process is measured, nothing runs side by side."""
         self._spec, self.scenario, self._item = dict(spec), spec["scenario"], None
 
     def start_item(self) -> None:
@@ -660,10 +660,11 @@ class WorkerPool:
 
 
 # glibc decides per process whether a freed large block is kept for reuse or returned to the system (and faulted in
-# again on the next allocation): its thresholds move with the process's own history. Each forked round drew its own
-# way (an 11-13% spread of one round's ratio on a memory-bound step, 1.8-3.9% with these fixed: quality/fork_bias.py,
-# docs/side-by-side.md). Fixed, blocks up to 32 MB (glibc's largest dynamic threshold) come from the heap and
-# freed memory is kept, as in a long-running process that has warmed up; larger ones are mapped afresh, as always.
+# again on the next allocation): its thresholds move with the process's own history. Each forked round draws its own
+# way, which spreads one round's ratio on a memory-bound step several times wider than fixed thresholds do
+# (quality/fork_bias.py, docs/side-by-side.md). Fixed, blocks up to 32 MB (glibc's largest dynamic threshold) come
+# from the heap and freed memory is kept, as in a long-running process that has warmed up; larger ones are mapped
+# afresh, as always.
 PINNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 

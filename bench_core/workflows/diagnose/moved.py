@@ -21,7 +21,7 @@ def op_times(fn: Callable[[], Any], setup: Callable[[], Any] | None = None, call
         fn()
     call()
     # torch.autograd's profiler, not torch.profiler's wrapper: the wrapper asks `hasattr(torch, "_inductor")`, which
-    # imports the compiler (0.79 s in a process's first pass here, against 1 ms)
+    # imports the compiler (most of a process's first pass: docs/side-by-side.md)
     with profiler.profile(use_cpu=True, use_device="cuda" if device == "cuda" else None, use_kineto=True) as prof:
         for _ in range(calls):
             call()
@@ -42,9 +42,9 @@ _UTILITY_EVENTS = frozenset({"[memory]", "[OutOfMemory]", "profiler::_record_fun
 
 def cpu_self_times(prof) -> dict[str, tuple[float, int]] | None:
     """Per operator: (self CPU time in microseconds, events), what `prof.key_averages()` gives on the CPU, from the
-    profiler's raw events. key_averages() builds a Python object per event first: for two calls of a small CNN
-    training step (13,600 events) that took 0.43-0.66 s against 0.07 s of profiling, in each side's process. None
-    where this torch keeps its raw events elsewhere (the caller then uses key_averages())."""
+    profiler's raw events. key_averages() builds a Python object per event first, which for a small training step's
+    thousands of events costs several times the profiling itself, in each side's process (docs/lab/from-the-code.md).
+    None where this torch keeps its raw events elsewhere (the caller then uses key_averages())."""
     try:
         from torch.autograd import DeviceType
 

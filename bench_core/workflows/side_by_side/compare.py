@@ -37,7 +37,8 @@ class AgainstConfig:
     rev: str | None          # None: this tree, compared in another interpreter (`python`)
     rounds: int = 12         # 12 x (a first call and 2 samples a side, 1 call ahead): 85 calls at the first look
     pairs: int = 2           # the least: with each sample after a call of its own step, a third and fourth pair of
-                             # a 17-20 ms step bought less than they cost; a short step gets more (`pairs_ms`)
+                             # a step of some 20 ms buy less than they cost (docs/side-by-side.md); a short step
+                             # gets more (`pairs_ms`)
     warmup: int = 0          # calls after the first, whatever they take; `warm_ms` is what settles an instance
     warm_ms: float = ROUND_WARM_MS   # each instance's first call and untimed calls after it take this long at least
     pairs_ms: float = ROUND_PAIRS_MS  # more pairs (up to PAIRS_MAX) for a step whose pairs would take less

@@ -359,8 +359,8 @@ _RESOLVED: dict[str, Path] = {}
 def resolved(file: str) -> Path:
     """`Path(file).resolve()`, remembered for an absolute name: a loaded module's file stays where it is, and the
     fidelity checks and each side's server ask about every module torch loaded, scenario after scenario (resolving
-    them all was most of a server's first run of a small step). A relative name is resolved each time, from the
-    working directory of the moment."""
+    them all at every item weighs on a server's first run of a small step: docs/side-by-side.md). A relative name
+    is resolved each time, from the working directory of the moment."""
     if file in _RESOLVED:
         return _RESOLVED[file]
     path = Path(file).resolve()
