@@ -55,3 +55,17 @@ def test_the_running_guide_names_every_option():
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "running.md").read_text()
     assert [o.flag for o in opt.OPTIONS if o.flag not in text] == []
+
+
+def test_help_shows_what_a_user_meets_in_groups_and_still_accepts_every_tuning_knob(pytester):
+    res = pytester.runpytest("--help")
+    shown = [line.split()[0].split("=")[0] for line in res.stdout.lines
+             if line.startswith("  --bench-") or line.startswith("  --gpu")]
+    assert 30 <= len(shown) <= 40 and len(shown) == len(set(shown))
+    assert not {opt.SERVE, opt.REPLICA} & set(shown)                     # bench_core's own plumbing
+    assert not set(opt.TUNING) & set(shown)                              # named in their group's title instead
+    assert {o.flag for o in opt.OPTIONS} - set(shown) == set(opt.TUNING) | {opt.SERVE, opt.REPLICA}
+    res.stdout.fnmatch_lines(["bench_core: running the scenarios:", "*bench_core: stored baselines (tuning: "
+                              "--bench-alpha, --bench-min-runs*"])
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    assert pytester.runpytest("--bench-alpha", "0.05", "--bench-rounds", "5", "--bench-no-out").ret == 0

@@ -37,6 +37,8 @@ class Option:
     choices: tuple[str, ...] | None = None
     setting: bool = False               # a team sets it once: a key of pyproject.toml's [tool.bench_core]
     internal: bool = False              # bench_core's own plumbing between its processes: not in --help
+    tuning: bool = False                # a knob with a measured default: in docs/running.md, not in pytest's --help
+    group: str = "running"              # where pytest's --help shows it (GROUPS)
 
     @property
     def dest(self) -> str:
@@ -47,9 +49,10 @@ class Option:
         """Its key in [tool.bench_core]: the flag without --bench- (underscores read the same)."""
         return self.flag.removeprefix("--bench-").removeprefix("--")
 
-    def kwargs(self, given_only: bool = False) -> dict:
-        """argparse's arguments; `given_only`: no default (None: not given), so a setting can fill it."""
-        text = argparse.SUPPRESS if self.internal else self.help.replace("%", "%%")   # help texts use %
+    def kwargs(self, given_only: bool = False, shown: bool = True) -> dict:
+        """argparse's arguments; `given_only`: no default (None: not given), so a setting can fill it; `shown`:
+        listed by --help (internal plumbing never is)."""
+        text = self.help.replace("%", "%%") if shown and not self.internal else argparse.SUPPRESS   # help uses %
         if self.type is None:
             return {"action": "store_true", "default": False, "help": text, "dest": self.dest}
         kw = {"type": self.type, "default": None if given_only else self.default, "help": text, "dest": self.dest}
@@ -227,17 +230,46 @@ SETTINGS = (WARMUP, REPEATS, THREADS, MALLOC, PB_FIXTURE, OUT, BASELINES, HISTOR
             THRESHOLD, ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS,
             SIGNATURE, NO_GROWTH, FLOPS, PEAK)
 INTERNAL = (SERVE, REPLICA)   # how bench_core starts its own processes: never typed by a user
+# knobs whose defaults were measured (docs/gate.md, docs/side-by-side.md): accepted and documented in
+# docs/running.md, settable in [tool.bench_core], and left out of pytest's --help, which shows what a user meets
+TUNING = (ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS, PEAK,
+          PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK, PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE)
 
-OPTIONS = tuple(dataclasses.replace(o, setting=o.flag in SETTINGS, internal=o.flag in INTERNAL) for o in _options())
+# pytest's --help, a group each, in the order a user meets them: (name, title, the options in it)
+GROUPS = (
+    ("running", "bench_core: running the scenarios",
+     (GPU, QUICK, WARMUP, REPEATS, THREADS, MALLOC, TIMEOUT, PB_FIXTURE, CACHE, GRAPH)),
+    ("results", "bench_core: results and reports", (OUT, NO_OUT, HISTORY, MD, WIDE, PLOTS, PB_JSON, FLOPS, PEAK)),
+    ("baseline", "bench_core: stored baselines (tuning: --bench-alpha, --bench-min-runs, --bench-max-runs, "
+                 "--bench-run-noise, --bench-baseline-window, --bench-adjust; docs/running.md)",
+     (SAVE, APPEND, SAVE_INCOMPLETE, COMPARE, BASELINES, THRESHOLD, STRICT, ALLOW_ENV, ALPHA, RUN_NOISE, MIN_RUNS,
+      MAX_RUNS, WINDOW, ADJUST)),
+    ("against", "bench_core: side by side with a revision (tuning: --bench-rounds, --bench-pairs, "
+                "--bench-max-rounds, --bench-worker-pairs; docs/running.md)",
+     (AGAINST, AGAINST_PROCESSES, AGAINST_PYTHON, ROUNDS, PAIRS, MAX_ROUNDS, WORKER_PAIRS, SERVE, REPLICA)),
+    ("work", "bench_core: what a step does, counted", (SIGNATURE, NO_GROWTH, INSTRUCTIONS)),
+    ("diagnose", "bench_core: diagnose and validation (--bench-profile-shapes, -memory, -stack, -flops, "
+                 "-tensorboard, -refuse-sensitive: docs/diagnose.md)",
+     (PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK, PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE, REF_SAVE,
+      REFS)),
+    ("distributed", "bench_core: distributed scenarios", (NPROC, NNODES, NODE_RANK, RDZV)),
+)
+_GROUP_OF = {flag: name for name, _, flags in GROUPS for flag in flags}
+
+OPTIONS = tuple(dataclasses.replace(o, setting=o.flag in SETTINGS, internal=o.flag in INTERNAL,
+                                    tuning=o.flag in TUNING, group=_GROUP_OF[o.flag]) for o in _options())
 BY_FLAG = {o.flag: o for o in OPTIONS}
 BY_KEY = {o.key: o for o in OPTIONS if o.setting}
 
 
-def add_to_pytest(group) -> None:
-    """Every option, none with a default of its own: `values` fills what was not given, from the project's
-    settings and then the option's default."""
-    for o in OPTIONS:
-        group.addoption(o.flag, **o.kwargs(given_only=True))
+def add_to_pytest(parser) -> None:
+    """Every option, in its group, none with a default of its own: `values` fills what was not given, from the
+    project's settings and then the option's default. Tuning knobs are accepted and left out of --help."""
+    for name, title, flags in GROUPS:
+        group = parser.getgroup(f"bench_core_{name}", title)
+        for flag in flags:
+            o = BY_FLAG[flag]
+            group.addoption(o.flag, **o.kwargs(given_only=True, shown=not o.tuning))
 
 
 def settings(table: dict, where: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ GPU_MARKER = "gpu"
 
 
 def pytest_addoption(parser):
-    opt.add_to_pytest(parser.getgroup("bench_core", "bench_core benchmarks"))
+    opt.add_to_pytest(parser)
 
 
 def pytest_configure(config):
