@@ -53,6 +53,25 @@ def test_no_slowdown_ends_the_search_at_once_and_an_undecided_step_reports_the_r
     assert search("g" * 40, COMMITS, "step", decide).first_bad == COMMITS[9]
 
 
+@pytest.mark.parametrize("bad, outcome, said", [
+    (Step("x", INCONCLUSIVE, 0.992, 0.944, 1.042, 0.997, 36), "no change in range",
+     "is not slower than gggggggggggg for step by 5% or more (its interval reaches 1.042x at most)"),
+    (Step("x", INCONCLUSIVE, 1.01, 0.95, 1.08, 0.997, 36), "undecided", "undecided: the first bad commit is after"),
+])
+def test_an_undecided_bad_commit_whose_interval_rules_out_the_slowdown_searched_for_is_no_change(bad, outcome, said):
+    found = search("g" * 40, COMMITS, "step", lambda commit, *a: bad)
+    assert found.outcome == outcome and said in "\n".join(found.lines())
+
+
+def test_a_slowdown_smaller_than_searched_for_is_still_found_and_named_as_such():
+    def decide(commit, *a):
+        slow = COMMITS.index(commit) >= 4
+        return Step(commit, SLOWER if slow else UNCHANGED, 1.03 if slow else 1.0, 1.02, 1.04, 0.99, 12)
+    found = search("g" * 40, COMMITS, "step", decide)
+    assert found.first_bad == COMMITS[4]
+    assert "(1.030x against gggggggggggg, smaller than the 5% slowdown searched for)" in "\n".join(found.lines())
+
+
 WORK = '''
 from bench_core import Scenario
 from fakes import SHARED_CLOCK, work_on_shared_clock

@@ -185,7 +185,7 @@ def cmd_bisect(ns) -> int:
         good, bad = bisect.resolve(root, ns.good), bisect.resolve(root, ns.bad)
         commits = bisect.commits_between(root, good, bad)
         decide = bisect.pytest_step(root, good, ns.scenario, ns.select or ns.scenario, ns.pytest_args)
-        found = bisect.search(good, commits, ns.scenario, decide, alpha=ns.alpha)
+        found = bisect.search(good, commits, ns.scenario, decide, alpha=ns.alpha, min_change=ns.min_change)
     except (BenchError, ValueError) as exc:
         print(f"bench_core bisect: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -259,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "name, unless given)")
     bi.add_argument("--alpha", type=float, default=0.01, help="the whole search's error rate, split over its planned "
                                                               "decisions (0.01)")
+    bi.add_argument("--min-change", type=float, default=0.05,
+                    help="the smallest slowdown worth searching for, a fraction (0.05): BAD undecided, but with an "
+                         "interval below it, is no change in range")
     bi.add_argument("--repo", default=".", help="the git repository (the current folder)")
     bi.set_defaults(func=cmd_bisect, pytest_args=[])
     bi.epilog = "pytest's own arguments for each step follow a --, e.g. -- benchmarks --bench-threads 1"

@@ -35,6 +35,9 @@ class BisectError(BenchError):
     pass
 
 
+MIN_CHANGE = 0.05   # the smallest slowdown a search is for, unless asked otherwise
+
+
 @dataclass(frozen=True)
 class Step:
     """One decision: `commit` against GOOD."""
@@ -64,6 +67,7 @@ class Bisection:
     planned: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
     threshold: float | None = None          # the middle steps' threshold (None: the comparison's own)
+    min_change: float = MIN_CHANGE          # the smallest slowdown the search is for
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -78,10 +82,16 @@ class Bisection:
                for s in self.steps]
         if self.outcome == "found":
             step = next(s for s in reversed(self.steps) if s.commit == self.first_bad and s.verdict == SLOWER)
-            out.append(f"first bad commit: {self.first_bad} ({step.ratio:.3f}x against {self.good[:12]}); last good: "
-                       f"{self.last_good}")
+            smaller = (f", smaller than the {self.min_change:.0%} slowdown searched for"
+                       if step.ratio < 1 + self.min_change else "")
+            out.append(f"first bad commit: {self.first_bad} ({step.ratio:.3f}x against {self.good[:12]}{smaller}); "
+                       f"last good: {self.last_good}")
         elif self.outcome == "no change in range":
-            out.append(f"no change in range: {self.bad[:12]} is not slower than {self.good[:12]} for {self.scenario}")
+            bad = self.steps[-1]
+            why = ("" if bad.verdict != INCONCLUSIVE else
+                   f" by {self.min_change:.0%} or more (its interval reaches {bad.ci_high:.3f}x at most)")
+            out.append(f"no change in range: {self.bad[:12]} is not slower than {self.good[:12]} for "
+                       f"{self.scenario}{why}")
         else:
             out.append(f"undecided: the first bad commit is after {self.last_good} and at or before {self.first_bad} "
                        f"(the narrowest range proved)")
@@ -108,10 +118,12 @@ def middle_threshold(bad: Step) -> float | None:
 
 
 def search(good: str, commits: Sequence[str], scenario: str, decide: Callable[..., Step], *,
-           alpha: float = 0.01, retry_factor: int = 3) -> Bisection:
+           alpha: float = 0.01, retry_factor: int = 3, min_change: float = MIN_CHANGE) -> Bisection:
     """Binary search for the first commit of `commits` (oldest first, the last is BAD) slower than `good`;
     `decide(commit, alpha_per_step, rounds_factor, threshold)` is one side-by-side decision against `good`
-    (threshold None: the comparison's own)."""
+    (threshold None: the comparison's own). BAD not slower, or undecided with an interval that rules out a
+    slowdown of `min_change` or more: no change in range (BAD slower by less than that is searched all the same,
+    and named as smaller than asked)."""
     if not commits:
         raise BisectError(f"no commits between {good[:12]} and the bad one: nothing to bisect")
     planned = planned_decisions(len(commits))
@@ -131,11 +143,13 @@ def search(good: str, commits: Sequence[str], scenario: str, decide: Callable[..
             return "good"
         return None
     first = judged(commits[-1])
-    args = dict(good=good, bad=commits[-1], scenario=scenario, commits=tuple(commits), alpha=alpha, planned=planned)
+    args = dict(good=good, bad=commits[-1], scenario=scenario, commits=tuple(commits), alpha=alpha, planned=planned,
+                min_change=min_change)
     if first != "bad":
-        outcome = "no change in range" if first == "good" else "undecided"
-        return Bisection(steps=tuple(steps), outcome=outcome, first_bad=None if first == "good" else commits[-1],
-                         last_good=good if first is None else None, **args)
+        ruled_out = steps[-1].ci_high is not None and steps[-1].ci_high < 1 + min_change
+        none = first == "good" or ruled_out
+        return Bisection(steps=tuple(steps), outcome="no change in range" if none else "undecided",
+                         first_bad=None if none else commits[-1], last_good=None if none else good, **args)
     threshold = middle_threshold(steps[-1])
     lo, hi = -1, len(commits) - 1            # commits[lo] good (-1: GOOD itself), commits[hi] bad
     while hi - lo > 1:
