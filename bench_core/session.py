@@ -224,7 +224,7 @@ class BenchSession:
     def run(self, scenario: Scenario, fn: Callable[[], Any], *,
             replicate: Callable[[int, int], Measurement] | None = None, **kwargs) -> tuple[Measurement, Comparison | None]:
         """Measure, gate, record; all within the time limit. `replicate(warmup, repeats)` measures the
-        scenario once more in a fresh process, for a possible slowdown the gate cannot decide on one run."""
+        scenario once more in a fresh process, for a possible change the gate cannot decide on one run."""
         try:
             with self.limited(scenario):
                 return stored_gate.run(self, scenario, fn, replicate, **kwargs)

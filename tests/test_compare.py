@@ -168,7 +168,7 @@ def test_one_process_cannot_say_slower_but_fresh_processes_can():
     c = compare_runs("s", base, slow_process + real)
     assert c.verdict == SLOWER and c.candidate_runs == 3
     faster_looking = compare_runs("s", base, runs([7.0], seed=6))
-    assert not worth_replicating(faster_looking, GateConfig())   # only possible slowdowns are chased
+    assert worth_replicating(faster_looking, GateConfig())       # a possible speedup is chased as a slowdown is
     assert not worth_replicating(c, GateConfig())                # nor decided ones
 
 
@@ -213,16 +213,16 @@ def test_one_candidate_run_spreads_like_its_baseline_even_when_the_machines_prio
     import numpy as np
 
     from bench_core.deciding.gate import decide_family, estimate_logs
-    from bench_core.deciding.sequential import possible_slowdown
+    from bench_core.deciding.sequential import possible_change
     from bench_core.core.stats import VariancePrior
 
     weak = VariancePrior(0.01 ** 2, 0.5, "fitted from scenarios of very different spreads")   # measured: 0.48 df
     base = np.log([10.0, 10.5, 9.6, 10.2, 9.9])
     cfg = GateConfig()
     (first,) = decide_family([estimate_logs(base, np.log([11.0]), cfg, weak, name="s")], cfg)
-    # one run: the baseline's spread and df, so a first look can still chase a possible slowdown
+    # one run: the baseline's spread and df, so a first look can still chase a possible change
     assert first.pooled and first.candidate_spread == first.run_spread and first.spread_df[1] == first.spread_df[0]
-    assert first.df > 4 and possible_slowdown(first, cfg.chase_p)
+    assert first.df > 4 and possible_change(first, cfg.chase_p)
     # three runs that disagree: each side its own spread; almost no df, an unbounded interval, but a verdict
     (three,) = decide_family([estimate_logs(base, np.log([11.0, 14.0, 9.0]), cfg, weak, name="s")], cfg)
     assert not three.pooled and three.df < 4 and three.verdict == INCONCLUSIVE and math.isfinite(three.ci_low)
@@ -257,7 +257,7 @@ def test_unchanged_is_an_equivalence_test_at_the_decided_level():
     assert compare_runs("s", base, [meas([10.2] * 20) for _ in range(10)], GateConfig(),
                         VariancePrior(0.05 ** 2, math.inf, "noisy")).verdict == UNCHANGED
     noisier = compare_runs("s", base, cand, GateConfig(), VariancePrior(0.08 ** 2, math.inf, "noisier"))
-    assert noisier.more_runs is None and "the baseline needs more runs" in noisier.reason
+    assert noisier.more_runs is None and "record more baseline runs" in noisier.reason
 
 
 def test_the_prior_comes_from_the_baselines_history_and_gives_a_quiet_runner_its_power():
@@ -319,8 +319,8 @@ def test_the_comparison_table_says_shared_advice_once():
 
     out = comparison_table(compare_sets({"a": runs([10]), "b": runs([5])},
                                         {"a": runs([10.3], seed=5), "b": runs([5.1], seed=6)}), 0.01)
-    assert out.count("add baseline runs") == 1
-    assert "to decide the inconclusive ones: add baseline runs" in out
+    assert out.count("record more baseline runs") == 1
+    assert "to decide the inconclusive ones: record more baseline runs" in out
     assert "a: inconclusive: no significant change" in out and "b: inconclusive: no significant change" in out
 
 

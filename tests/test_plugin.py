@@ -339,7 +339,7 @@ def test_against_a_revision_fails_only_the_slower_scenario_and_reports_one_sided
     out = " ".join(res.stdout.str().split())     # notes wrap at 120 columns
     assert "gamma: not compared: HEAD (" in out and "broken in the old revision" in out
     assert "delta: measured on the current tree only: test_delta does not exist in HEAD" in out
-    assert "dirty (diff sha256" in out and "5 rounds, 15 at most for a possible slowdown (looks at 5, 10, 15) x 3 pairs" in out
+    assert "dirty (diff sha256" in out and "5 rounds, 15 at most for a possible change (looks at 5, 10, 15) x 3 pairs" in out
     # side by side counts rounds, each scenario its own, in its row: never "runs", never one scenario's for all
     assert "rounds b/c" in out and "runs b/c" not in out and "rounds ran" not in out
     assert "medians of all samples pooled; the ratio and its interval: the estimate over runs (rounds)" in out

@@ -125,8 +125,8 @@ def test_gate_decisions_are_kept_in_the_session_file(tmp_path):
     s = _session(tmp_path, compare="main", repeats=10, warmup=0)
     clock = FakeClock()
     s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=_replicas([3.0]))
-    (line,), failures = s.finish()
-    assert failures == []
+    (line, *advice), failures = s.finish()
+    assert failures == [] and advice[0].startswith("next: where the time went")   # the gate failed "a"
     doc = json.loads(open(line.removeprefix("results written to ")).read())
     assert doc["comparisons"][0]["verdict"] == "slower" and "results written" in line
     assert doc["comparisons"][0]["adjustment"].startswith("none (one scenario); alpha split over 3 looks")
@@ -178,7 +178,7 @@ def test_a_machine_with_slow_processes_is_gated_on_two_levels_and_stored(tmp_pat
     assert c.slow_runs[0] == pytest.approx(2.0, abs=0.1)      # the baseline's two slow runs, told apart
     text = " ".join(" ".join(body for _, body in s.summary_sections()).split())     # unwrapped
     assert re.search(r"20% of runs \+4\d% slow, fitted from 30 runs of 3 scenarios", text)   # the +40%, with jitter
-    (line,), failures = s.finish()
+    (line, *_), failures = s.finish()
     assert failures == []      # the record, with its posterior's figures, reaches the file
     stored = json.loads(open(line.removeprefix("results written to ")).read())["comparisons"][0]
     assert stored["verdict"] == "slower" and stored["df"] is None

@@ -121,7 +121,7 @@ def test_the_guard_reads_each_side_on_the_side_a_false_alarm_needs():
 
 
 def test_one_candidate_run_on_a_two_level_machine_is_chased_not_decided():
-    from bench_core.deciding.sequential import possible_slowdown
+    from bench_core.deciding.sequential import possible_change
 
     prior = fit_slow_runs(history(1))
     base = history(1)[0]
@@ -130,7 +130,7 @@ def test_one_candidate_run_on_a_two_level_machine_is_chased_not_decided():
     # its p holds the chance that the one run was slow (the machine's share), which only more runs rule out:
     # the chase leaves that chance out
     assert first.verdict == INCONCLUSIVE and first.p_value > GateConfig().chase_p
-    assert first.p_value - first.slow_share < GateConfig().chase_p and possible_slowdown(first, GateConfig().chase_p)
+    assert first.p_value - first.slow_share < GateConfig().chase_p and possible_change(first, GateConfig().chase_p)
 
 
 def test_runs_orders_of_magnitude_apart_fall_back_to_one_level():

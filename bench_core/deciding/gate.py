@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class GateConfig:
     guard_rate: float = 0.03       # no baseline should give false alarms more often than this ...
     guard_baselines: float = 0.005  # ... except this share of baselines (what that costs in power: docs/gate.md)
     window: int | None = None      # compare with the latest N baseline runs (the prior still uses them all)
-    # Replicate a possible slowdown whose one-sided p is below this: loose on purpose, it only decides
+    # Replicate a possible change whose one-sided p is below this: loose on purpose, it only decides
     # whether to spend processes, never what is said (docs/gate.md weighs it against a stricter rule)
     chase_p: float = 0.2
 
@@ -386,7 +386,26 @@ def prior_from_logs(history: Sequence[Sequence[float]]) -> VariancePrior | None:
     return fit_variance_prior([v for v, _ in pairs], [d for _, d in pairs])
 
 
-ADD_RUNS = "add baseline runs (--bench-save NAME --bench-append) or candidate runs"
+Advice = Callable[[Optional[int]], str]   # what to do about an inconclusive verdict, given the candidate runs in
+                                          # all that would likely decide (None: more would not)
+
+
+def gate_advice(baseline: str | None = None, candidate: str = "pytest") -> Advice:
+    """The command that carries out more evidence for the stored gate: more candidate runs (in pytest: a larger
+    budget of fresh processes; from files: more session files of this code), else more baseline runs."""
+    name = baseline or "NAME"
+
+    def advice(more: int | None) -> str:
+        if more is not None and candidate == "pytest":
+            return f"allow that many fresh processes (--bench-max-runs {more})"
+        if more is not None:
+            return (f"store {more} runs of this code as a baseline of its own (pytest --bench-save NEW, then "
+                    f"--bench-append) and compare with it (bench-core compare {name} NEW)")
+        return f"record more baseline runs, on other days (--bench-save {name} --bench-append)"
+    return advice
+
+
+ADD_RUNS = gate_advice()
 
 
 def _tenth_below(df: float) -> float:
@@ -414,7 +433,8 @@ def _runs_to_decide(c: Comparison, alpha_used: float, config: GateConfig) -> int
     return None
 
 
-def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str, advice: str = ADD_RUNS) -> Comparison:
+def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str, advice: Advice = ADD_RUNS
+           ) -> Comparison:
     """Turn one estimate's adjusted p-value into its verdict and interval. Pure: same input, same verdict."""
     if c.verdict is not None:
         return c
@@ -441,7 +461,8 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     more = _runs_to_decide(c, alpha_used, config)
     hint = "" if c.guard is None else (
         f" (about {more} candidate runs in all would likely decide)" if more is not None else
-        " (candidate runs alone would not decide; the baseline needs more runs)")
+        " (more candidate runs alone would not decide)")
+    todo = advice(more)
     if _disagreeing(c):   # say why the interval is wide, where the candidate's own processes made it so
         hint = (f"; the candidate's runs spread {math.expm1(c.candidate_spread):.1%} against its baseline's "
                 f"{math.expm1(c.run_spread):.1%}, so some of its processes may have run slow{hint}")
@@ -459,10 +480,10 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
                                       f"runs decide it")
     elif sig and beyond:
         verdict, why = INCONCLUSIVE, (f"significant, but {change} is inside the guard against an unlucky baseline "
-                                      f"(+-{math.expm1(c.guard):.1%}){hint}: {advice}")
+                                      f"(+-{math.expm1(c.guard):.1%}){hint}: {todo}")
     else:
         verdict, why = INCONCLUSIVE, (f"no significant change, but {where} is too wide to rule out a {2 * thr:.0%} "
-                                      f"change{hint}: {advice}")
+                                      f"change{hint}: {todo}")
     if verdict != INCONCLUSIVE:
         more = None
     return replace(c, verdict=verdict, reason=why, more_runs=more)
@@ -475,7 +496,7 @@ def _disagreeing(c: Comparison) -> bool:
 
 
 def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConfig(),
-                  family_size: int | None = None, advice: str = ADD_RUNS, one_at_a_time: bool = False
+                  family_size: int | None = None, advice: Advice = ADD_RUNS, one_at_a_time: bool = False
                   ) -> list[Comparison]:
     """The one decision: adjust the p-values of scenarios compared together, then decide each once.
 
@@ -537,6 +558,7 @@ def compare_sets(
     candidate: Mapping[str, Sequence[Measurement]],
     config: GateConfig = GateConfig(),
     as_session: bool = True,
+    advice: Advice = gate_advice(candidate="files"),
 ) -> list[Comparison]:
     """Every scenario on either side, compared and decided; the variance prior is fitted from the whole
     baseline. `as_session`: decided as the pytest gate decides them (each as its test ends, Bonferroni over
@@ -546,5 +568,5 @@ def compare_sets(
     prior = noise_prior(baseline)
     ests = [estimate(n, baseline.get(n, ()), candidate.get(n, ()), config, prior) for n in names]
     if as_session:
-        return decide_family(ests, config, family_size=len(baseline), one_at_a_time=True)
-    return decide_family(ests, config)
+        return decide_family(ests, config, family_size=len(baseline), one_at_a_time=True, advice=advice)
+    return decide_family(ests, config, advice=advice)

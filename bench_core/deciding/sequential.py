@@ -27,35 +27,40 @@ def chase(undecided: bool, p_value: float | None, chase_p: float, beyond_reach: 
     return undecided and p_value is not None and p_value - beyond_reach < chase_p
 
 
-def possible_slowdown(c: Any, chase_p: float, beyond: float = 0.0) -> bool:
-    """A comparison (gate or side by side), undecided and slower-looking at one-sided p < chase_p: what more
-    evidence is spent on. Only possible slowdowns are chased: they are what fails CI, and evidence costs time.
+def possible_change(c: Any, chase_p: float, beyond: float = 0.0) -> bool:
+    """A comparison (gate or side by side), undecided and looking changed at one-sided p < chase_p, either way:
+    what more evidence is spent on. A possible speedup is chased as a possible slowdown is: a null comparison
+    that only one direction chases gets more looks, so more chances, in that direction alone, and a real
+    speedup deserves the same power as a real slowdown.
 
-    Under the two-level model p holds the chance that every candidate run was slow (share^m: one run in five,
-    for a single run on a machine with 20% slow processes), which only more processes can rule out, so the
-    chase leaves it out (docs/gate.md measures what that is worth).
+    Under the two-level model a slower-looking p holds the chance that every candidate run was slow (share^m:
+    one run in five, for a single run on a machine with 20% slow processes), which only more processes can rule
+    out, so the chase leaves it out (docs/gate.md measures what that is worth). Slow processes only ever look
+    slower, so a faster-looking comparison has no such part.
 
-    `beyond` (side by side: half the threshold): p is then that of a slowdown of more than `beyond`, where the
-    comparison has a t-interval (`se`, `df`). A verdict of slower needs the estimate past the threshold, and the
-    small bias that a pair of processes keeps would otherwise make memory-bound A/A comparisons look slower than
-    1.0 often, each then chased to a later look only to say "unchanged" (docs/side-by-side.md)."""
-    all_slow = c.slow_share ** c.candidate_runs if c.slow_share is not None else 0.0
-    undecided = c.verdict == INCONCLUSIVE and not c.unusable and c.ratio is not None and c.ratio > 1
+    `beyond` (side by side: half the threshold): p is then that of a change of more than `beyond`, where the
+    comparison has a t-interval (`se`, `df`). A verdict needs the estimate past the threshold, and the small
+    bias that a pair of processes keeps would otherwise send many A/A comparisons to a later look only to say
+    "unchanged" (docs/side-by-side.md)."""
+    undecided = (c.verdict == INCONCLUSIVE and not c.unusable and c.ratio is not None and c.ratio > 0
+                 and c.ratio != 1)
+    slower = undecided and c.ratio > 1
+    all_slow = c.slow_share ** c.candidate_runs if slower and c.slow_share is not None else 0.0
     p = c.p_value
     if beyond > 0 and undecided and c.se and c.df:
-        p = t_sf((math.log(c.ratio) - math.log1p(beyond)) / c.se, c.df)
+        p = t_sf((abs(math.log(c.ratio)) - math.log1p(beyond)) / c.se, c.df)
     return chase(undecided, p, chase_p, all_slow)
 
 
 def worth_replicating(c: Any, config: Any) -> bool:
-    """Could fresh candidate runs, within the gate's budget (`config`: a GateConfig), turn this into a decision
-    about a slowdown? A possible slowdown that is not limited by the baseline alone (each run costs a process)."""
-    return possible_slowdown(c, config.chase_p) and c.more_runs is not None and c.candidate_runs < config.max_runs
+    """Could fresh candidate runs, within the gate's budget (`config`: a GateConfig), turn this into a decision?
+    A possible change, either way, that is not limited by the baseline alone (each run costs a process)."""
+    return possible_change(c, config.chase_p) and c.more_runs is not None and c.candidate_runs < config.max_runs
 
 
 def replicate_until_decided(runs: list, judge: Callable[[list], Any], replicate: Callable[[], Any] | None,
                             config: Any) -> Any:
-    """The gate's protocol over fresh processes: decide on `runs`; while a possible slowdown is worth
+    """The gate's protocol over fresh processes: decide on `runs`; while a possible change is worth
     chasing, add runs up to the next look and decide again. `replicate()` returns one new run, or None
     when no more can be had (the loop then stops with the last decision). `runs` grows in place."""
     c = judge(runs)

@@ -13,7 +13,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from bench_core.deciding.gate import compare_sets
+from bench_core.deciding.gate import compare_sets, gate_advice
 from bench_core.deciding.signature import attach, latest
 from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
 from bench_core.core.errors import BenchError
@@ -52,7 +52,9 @@ def cmd_compare(ns) -> int:
         print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     # the session's own rule unless another is asked for: one file, one answer, whichever shell reads it
-    comps = compare_sets(base, new, gate, as_session=ns.bench_adjust is None)
+    named = None if Path(ns.baseline).suffix == ".json" else ns.baseline
+    comps = compare_sets(base, new, gate, as_session=ns.bench_adjust is None,
+                         advice=gate_advice(named, candidate="files"))
     try:
         fixed = opt.no_growth(ns.bench_no_growth)
     except ValueError as exc:

@@ -105,7 +105,7 @@ def _against_options() -> tuple[Option, ...]:
                                "tree, so the two sides differ only in their environments", str, metavar="PYTHON"),
         Option(SERVE, "(used by --bench-against's process mode) serve test items to the process that started this "
                       "one, over pipe descriptors R,W", str, metavar="R,W"),
-        Option(MAX_ROUNDS, "with --bench-against: a possible slowdown the first look leaves undecided runs on, a look "
+        Option(MAX_ROUNDS, "with --bench-against: a possible change the first look leaves undecided runs on, a look "
                            "every --bench-rounds rounds, up to this many (3 x --bench-rounds; equal to it: one look)",
                int),
     )
@@ -143,7 +143,7 @@ def _options() -> tuple[Option, ...]:
                           f"({GATE.run_noise})", float, cli="--run-noise"),
         Option(MIN_RUNS, f"processes (this one + fresh ones, or the runs of a session file) before the gate says "
                          f"slower or faster ({GATE.min_runs}; 1: one run decides)", int, cli="--min-runs"),
-        Option(MAX_RUNS, f"the gate's replication budget: a possible slowdown is measured in fresh processes up to "
+        Option(MAX_RUNS, f"the gate's replication budget: a possible change is measured in fresh processes up to "
                          f"this many runs in all, and alpha is split over the looks it plans ({DEFAULT_MAX_RUNS}, or "
                          f"the min-runs if more)", int, cli="--max-runs"),
         Option(WINDOW, "compare with the latest N runs of the baseline (a rolling window; the noise prior uses all)",

@@ -1,5 +1,5 @@
 """The stored-baseline gate: measure a scenario in this process and, when the session compares with a stored
-baseline, decide it there and then; a possible slowdown this process cannot decide is measured again in fresh
+baseline, decide it there and then; a possible change (slower or faster) this process cannot decide is measured again in fresh
 processes, look by look, and decided on all the runs (a slow process cannot tell its own state from a
 regression, other processes can)."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any, Callable
 from bench_core.core.errors import ScenarioError
 from bench_core.core.records import Measurement
 from bench_core.core.scenario import Scenario
-from bench_core.deciding.gate import Comparison, baseline_warnings, decide_family, estimate, noise_prior
+from bench_core.deciding.gate import (Comparison, baseline_warnings, decide_family, estimate, gate_advice,
+                                      noise_prior)
 from bench_core.deciding.sequential import replicate_until_decided
 from bench_core.deciding.signature import latest
 from bench_core.files import storage
@@ -79,14 +80,14 @@ def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = 
 
     def judge(runs) -> Comparison:
         (c,) = decide_family([estimate(m.name, base, runs, config, session.prior)], config,
-                             family_size=len(session.baseline))
+                             family_size=len(session.baseline), advice=gate_advice(session.config.compare))
         return c
 
     why_not = []
 
     def fresh():
         if session.progress is not None:
-            session.progress.note(m.name, f"possible slowdown: measuring again in fresh process {len(runs)} "
+            session.progress.note(m.name, f"possible change: measuring again in fresh process {len(runs)} "
                                           f"(runs go up to {config.max_runs})")
         try:
             return replicate()

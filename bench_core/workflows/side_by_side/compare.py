@@ -12,7 +12,7 @@ from bench_core.core.records import ColdStart, Measurement, Memory
 from bench_core.core.scenario import Scenario
 from bench_core.deciding.gate import Comparison, decide_family, scenario_differences
 from bench_core.deciding.rounds import estimate_rounds
-from bench_core.deciding.sequential import planned_looks, possible_slowdown
+from bench_core.deciding.sequential import planned_looks, possible_change
 from bench_core.deciding.verdicts import FASTER, SLOWER
 from bench_core.timing.backends import CpuBackend, backend_for
 from bench_core.timing.counts import QUICK
@@ -29,7 +29,7 @@ class AgainstConfig:
     The threshold is smaller than the stored-baseline gate's: alternated samples in one process agree far
     more closely than separate runs do (docs/side-by-side.md has the figures).
 
-    Sequential: the first look comes after `rounds` rounds; a possible slowdown it leaves undecided runs
+    Sequential: the first look comes after `rounds` rounds; a possible change (either way) it leaves undecided runs
     on, look by look every `rounds` rounds, up to `max_rounds` (3 x rounds unless given), alpha split
     over the looks, so more rounds are spent only where they are needed.
     """
@@ -156,7 +156,7 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
                           rounds=looks[0], pairs=pairs, warmup=a.warmup, warm_ms=a.warm_ms, seed=a.seed,
                           extend_to=looks[1:], go_on=judge.go_on, pairs_ms=a.pairs_ms)
     how = (f"{looks[0]} rounds" if len(looks) == 1 else
-           f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown (looks at {', '.join(map(str, looks))})")
+           f"{looks[0]} rounds, {looks[-1]} at most for a possible change (looks at {', '.join(map(str, looks))})")
     method = f"{how} x {_pairs_said(pairs, a)}, fresh instances every round, one process" + \
         _malloc_said(session.environment.get("malloc") == "pinned")
     return _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks,
@@ -211,7 +211,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
             _check_processes(scenario.name, ran, session.revision)
             return res
         how = (f"{looks[0]} rounds" if len(looks) == 1 else
-               f"{looks[0]} rounds, {looks[-1]} at most for a possible slowdown")
+               f"{looks[0]} rounds, {looks[-1]} at most for a possible change")
         return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, each side a pytest "
                                                            f"process of its own, every round in freshly forked "
                                                            f"children{_held_said(session.config.threads)}"
@@ -341,13 +341,13 @@ class _Judge:
         est = estimate_rounds(self.scenario.name, res, self.threshold, timer=timer, differences=diffs, looks=self.looks)
         budget = f"--bench-max-rounds, now {self.looks[-1]}" if self.looks else "--bench-rounds"
         (c,) = decide_family([est], self.gate, family_size=self.family_size,
-                             advice=f"more rounds would narrow it ({budget}), or a quieter runner")
+                             advice=lambda _more: f"more rounds would narrow it ({budget}), or a quieter runner")
         return c
 
     def go_on(self, res) -> bool:   # in this process: timed as the Measurement below will be
-        # chased while a slowdown of more than half the threshold looks likely (`possible_slowdown`)
-        return possible_slowdown(self(res, "cuda_event" if self.device == "cuda" else "host"), self.gate.chase_p,
-                                 beyond=self.threshold / 2)
+        # chased while a change of more than half the threshold looks likely, either way (`possible_change`)
+        return possible_change(self(res, "cuda_event" if self.device == "cuda" else "host"), self.gate.chase_p,
+                               beyond=self.threshold / 2)
 
 
 def _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks=(), cold=None,
