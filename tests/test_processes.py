@@ -395,20 +395,21 @@ def test_step(bench):
 
 
 def test_a_slower_verdict_in_process_mode_gets_a_profiler_pass_in_each_sides_own_process(pytester):
-    """Process mode's slower verdict (decided on the fake clock) is followed by one profiler pass of each side in
-    a fresh round of its own server: the revision's 1 matmul per step against the tree's 4, with calls per step."""
+    """Process mode's slower verdict (decided on the fake clock) is followed by profiler passes of each side in
+    fresh rounds of its own server: the revision's 1 matmul per step against the tree's 16, with calls per step."""
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_p=MATMULS.format(ms=1.0, n=1))
     commit_all(pytester.path)
-    pytester.makepyfile(test_p=MATMULS.format(ms=3.0, n=4))
+    # sixteen matmuls against one: a move no preempted pass hides, and a fake step that moves by more than they take
+    pytester.makepyfile(test_p=MATMULS.format(ms=150.0, n=16))
     res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-rounds", "3",
                         "--bench-max-rounds", "3", "--bench-pairs", "1")
     res.assert_outcomes(failed=1)
     (rec,) = doc["against"]["scenarios"]
     assert rec["comparison"]["verdict"] == "slower"
     (mm,) = [t for t in rec["comparison"]["moved"] if t.startswith("aten::mm ")]
-    assert mm.endswith("calls 1 -> 4)")
-    res.stdout.fnmatch_lines(["*step: time moved (profiler pass after measuring, a hypothesis): aten::mm +*"])
+    assert mm.endswith("calls 1 -> 16)")
+    res.stdout.fnmatch_lines(["*step: time moved (profiler passes after measuring, a hypothesis): aten::mm +*"])
 
 
 KEPT = CONFTEST + '''

@@ -220,16 +220,15 @@ def test_a_graph_break_and_a_recompilation_per_call_are_named():
     torch._dynamo.reset()
 
 
-def test_a_profiler_pass_names_the_operators_whose_time_moved_with_their_calls():
-    from bench_core.workflows.diagnose.moved import moved, op_times
+def test_a_profiler_pass_counts_each_operators_calls_and_passes_alternate_sides():
+    from bench_core.workflows.diagnose.moved import alternated, op_times
 
     times = op_times(lambda: [(A @ A).relu() for _ in range(4)], calls=3)
     assert times["aten::mm"][1] == 4 and times["aten::mm"][0] >= 0     # calls per step are counted exactly
-    base = {"aten::mm": (0.10, 4), "aten::relu": (0.02, 4), "aten::add": (0.05, 1)}
-    cand = {"aten::mm": (0.21, 8), "aten::relu": (0.02, 4), "aten::bmm": (0.30, 2)}
-    assert moved(base, cand, top=2) == ["aten::bmm +0.3 ms per step (0 -> 0.3 ms; calls 0 -> 2)",
-                                        "aten::mm +0.11 ms per step (0.1 -> 0.21 ms; calls 4 -> 8)"]
-    assert moved(base, base) == []
+    order = []
+    got = alternated({"baseline": lambda: order.append("b") or 1, "candidate": lambda: order.append("c") or 2},
+                     passes=3)
+    assert order == ["b", "c", "c", "b", "b", "c"] and got == {"baseline": [1, 1, 1], "candidate": [2, 2, 2]}
 
 
 def test_a_profiler_pass_in_a_fresh_fork_warms_its_step_as_a_round_does_before_profiling():
@@ -364,10 +363,10 @@ def test_an_ab_called_slower_or_faster_gets_a_profiler_pass_of_each_side(monkeyp
                                                                                 1e-6))
     s = BenchSession(SessionConfig(results_dir=None), ENV)
     res = s.ab("mm", one, four)
-    assert res.moved == ("aten::mm +0.3 ms per step (0.1 -> 0.4 ms; calls 1 -> 4)",)
+    assert res.moved == ("aten::mm +0.3 ms per step [+0.3, +0.3] (0.1 -> 0.4 ms; calls 1 -> 4)",)
     assert res.to_dict()["moved"] == list(res.moved)
     text = " ".join(decisions_table(s.decisions, wide=True).split())
-    assert "mm: time moved (profiler pass after measuring, a hypothesis): aten::mm +0.3 ms per step" in text
+    assert "mm: time moved (profiler passes after measuring, a hypothesis): aten::mm +0.3 ms per step" in text
     verdict[0] = UNCHANGED
     assert s.ab("mm2", one, four).moved == ()
 
@@ -532,17 +531,19 @@ def test_a_stored_baselines_slower_verdict_says_where_the_time_moved(pytester):
 
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_s=body.format(ms=1.0, n=1))
-    pytester.runpytest("--bench-save", "main", "--bench-signature", "--bench-no-out",
-                       "--bench-repeats", "5").assert_outcomes(passed=1)
+    for extra in ([], ["--bench-append"], ["--bench-append"]):   # each run keeps its profiler pass
+        pytester.runpytest("--bench-save", "main", "--bench-signature", "--bench-no-out",
+                           "--bench-repeats", "5", *extra).assert_outcomes(passed=1)
     saved = json.loads((pytester.path / "baselines" / "main.json").read_text())
     assert saved["runs"][0]["results"][0]["op_times"]["aten::mm"][1] == 1
-    pytester.makepyfile(test_s=body.format(ms=2.0, n=4))
+    # sixteen matmuls against one: a move no slow pass hides, and a fake step that moves by more than they take
+    pytester.makepyfile(test_s=body.format(ms=150.0, n=16))
     res = pytester.runpytest("--bench-compare", "main", "--bench-signature", "--bench-no-out", "--bench-repeats", "5",
                              "--bench-min-runs", "1")
     res.assert_outcomes(failed=1)
     out = " ".join(res.stdout.str().split())
-    assert "step: time moved (profiler pass after measuring, a hypothesis): aten::mm +" in out
-    assert "calls 1 -> 4)" in out
+    assert "step: time moved (profiler passes after measuring, a hypothesis): aten::mm +" in out
+    assert "calls 1 -> 16)" in out
 
 
 CHANGES = '''

@@ -319,7 +319,7 @@ def comparison_notes(comparisons: Sequence[Comparison]) -> list[str]:
     out = [f"{c.name}: warning: {n}" for c in comparisons for n in c.notes]
     out += [f"{c.name}: work signature: {f}" for c in comparisons for f in c.facts]
     out += [f"{c.name}: FAILS, grew (--bench-no-growth): {g}" for c in comparisons for g in c.grown]
-    out += [f"{c.name}: time moved (profiler pass after measuring, a hypothesis): {t}" for c in comparisons
+    out += [f"{c.name}: time moved (profiler passes after measuring, a hypothesis): {t}" for c in comparisons
             for t in c.moved]
     return out + [f"{c.name}: achieved {_flops(c.achieved_flops[0], per_s=True)} -> "
                   f"{_flops(c.achieved_flops[1], per_s=True)} ({c.achieved_flops[1] / c.achieved_flops[0] - 1:+.1%}; "
@@ -377,7 +377,7 @@ def work_lines(name: str, r) -> list[str]:
     """An A/B's counted work in words: how its work signatures differ, where its time moved (a slower or faster
     verdict's profiler pass), each side's achieved FLOP/s, and a warning when the FLOP counts differ."""
     facts = [f"{name}: work signature: {f}" for f in getattr(r, "facts", ())]
-    moved = [f"{name}: time moved (profiler pass after measuring, a hypothesis): {t}" for t in getattr(r, "moved", ())]
+    moved = [f"{name}: time moved (profiler passes after measuring, a hypothesis): {t}" for t in getattr(r, "moved", ())]
     return facts + moved + _flop_lines(name, r)
 
 

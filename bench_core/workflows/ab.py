@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
@@ -284,6 +285,9 @@ def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[
     if session.config.signature:    # the same: what each side's step does, compared exactly
         res = replace(res, facts=signature_facts(session, name, baseline, candidate, factories=rounds is not None))
     if res.verdict in (SLOWER, FASTER) and not session.config.quick and kwargs.get("clock") is None:
-        res = replace(res, moved=explain_sides(session, name, baseline, candidate, factories=rounds is not None))
+        step = (statistics.median(res.candidate_ms) - statistics.median(res.baseline_ms)
+                if res.candidate_ms and res.baseline_ms else None)
+        res = replace(res, moved=explain_sides(session, name, baseline, candidate, factories=rounds is not None,
+                                               step_ms=step))
     session.decisions.append((name, res))
     return res

@@ -114,13 +114,22 @@ def signature_facts(session, name: str, baseline, candidate, factories: bool) ->
 
 
 def explain_sides(session, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any],
-                  factories: bool) -> tuple[str, ...]:
-    """An A/B's slower or faster verdict explained: one profiler pass of each side's step (`factories`: each side
-    is a factory of steps, built first), after the A/B; empty where a side could not be profiled, which the
-    session says."""
-    from bench_core.workflows.diagnose.moved import moved, op_times
+                  factories: bool, step_ms: float | None) -> tuple[str, ...]:
+    """An A/B's slower or faster verdict explained: alternated profiler passes of each side's step (`factories`:
+    each side is a factory of steps, built for each pass), after the A/B, told apart from the profiler's noise
+    (`deciding.explained`; `step_ms`: the measured step difference); empty where a side could not be profiled,
+    which the session says."""
+    from bench_core.deciding.explained import explained
+    from bench_core.workflows.diagnose.moved import PASSES, op_times
 
     dev = session.config.device
-    times = each_side(session, name, {"baseline": baseline, "candidate": candidate}, factories,
-                      lambda fn: op_times(fn, device=dev), "time per operator")
-    return tuple(moved(times["baseline"], times["candidate"])) if len(times) == 2 else ()
+    passes: dict[str, list] = {"baseline": [], "candidate": []}
+    for i in range(PASSES):
+        order = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
+        times = each_side(session, name, {side: {"baseline": baseline, "candidate": candidate}[side] for side in order},
+                          factories, lambda fn: op_times(fn, device=dev), "time per operator")
+        if len(times) < 2:
+            return ()
+        for side, t in times.items():
+            passes[side].append(t)
+    return tuple(explained(passes["baseline"], passes["candidate"], step_ms))

@@ -53,16 +53,19 @@ def run(session, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs)
     return m, c
 
 
-def _explained(c: Comparison, base, m: Measurement) -> Comparison:
-    """A slower or faster verdict with where the time moved: this run's profiler pass against the latest
-    baseline run's that has one (both taken with the work signature); unchanged where either is missing."""
+def _explained(c: Comparison, base, runs) -> Comparison:
+    """A slower or faster verdict with where the time moved: this run's profiler pass against the baseline runs'
+    (both taken with the work signature), named only where the passes establish it (`deciding.explained`);
+    unchanged where either side has none."""
+    from bench_core.deciding.explained import explained
     from bench_core.deciding.verdicts import FASTER, SLOWER
-    from bench_core.workflows.diagnose.moved import moved
 
     theirs = [r.op_times for r in base if r.op_times is not None]
-    if c.verdict not in (SLOWER, FASTER) or not theirs or m.op_times is None:
+    ours = [r.op_times for r in runs if r.op_times is not None]
+    if c.verdict not in (SLOWER, FASTER) or not theirs or not ours:
         return c
-    return replace(c, moved=tuple(moved(theirs[-1], m.op_times)))
+    step = c.candidate_median - c.baseline_median if None not in (c.candidate_median, c.baseline_median) else None
+    return replace(c, moved=tuple(explained(theirs, ours, step)))
 
 
 def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = None
@@ -100,7 +103,7 @@ def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = 
         f" and {extra} fresh process(es)" if extra else "")
     c = replace(c, method=method, reason="; ".join([c.reason, *why_not]))
     c = with_facts(session, c, latest(base), m.signature, m.scenario)   # against the latest baseline run's
-    c = _explained(c, base, m)
+    c = _explained(c, base, runs)
     if extra:
         session.replicas[m.name] = runs[1:]
     session.comparisons.append(c)

@@ -1,12 +1,13 @@
-"""Verdicts that explain themselves: when side by side calls a scenario slower or faster, one profiler pass of each
-side (after the measurement, never inside it) says which operators' time moved most, with their calls per step.
-A first hypothesis to test, not a measurement: the profiler's own overhead is in these times, and the verdict
-stays the rounds'."""
+"""Verdicts that explain themselves: when side by side (or A/B) calls a scenario slower or faster, profiler passes of
+each side, alternated (after the measurement, never inside it), give each operator's self time per step, pass by
+pass; `deciding.explained` names only the operators whose move they establish. A first hypothesis to test, not a
+measurement: the profiler's own overhead is in these times, and the verdict stays the rounds'."""
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-CALLS = 5   # profiled calls of each side, after one unprofiled call
+CALLS = 5    # profiled calls of each side in a pass, after one unprofiled call
+PASSES = 3   # passes of each side, alternated: an operator's difference is told from the profiler's noise by them
 
 
 def op_times(fn: Callable[[], Any], setup: Callable[[], Any] | None = None, calls: int = CALLS,
@@ -90,13 +91,11 @@ def cpu_self_times(prof) -> dict[str, tuple[float, int]] | None:
     return {name: (selfs[name], counts[name]) for name in counts}
 
 
-def moved(base: Mapping[str, tuple[float, int]], cand: Mapping[str, tuple[float, int]], top: int = 5,
-          floor_ms: float = 0.01) -> list[str]:
-    """The operators whose self time per step moved most between the two sides, in words, largest first."""
-    rows = []
-    for op in set(base) | set(cand):
-        (bt, bn), (ct, cn) = base.get(op, (0.0, 0)), cand.get(op, (0.0, 0))
-        if abs(ct - bt) >= floor_ms:
-            rows.append((abs(ct - bt), f"{op} {ct - bt:+.3g} ms per step ({bt:.3g} -> {ct:.3g} ms; calls {bn} -> {cn})"))
-    return [text for _, text in sorted(rows, reverse=True)[:top]]
-
+def alternated(profile: Mapping[str, Callable[[], Any]], passes: int = PASSES) -> dict[str, list]:
+    """Each side's profiler passes (`profile[side]()` one pass), taken in turn, the order flipped every time
+    (baseline, candidate, candidate, baseline...), so that a drift of the machine lands on both sides alike."""
+    out: dict[str, list] = {side: [] for side in profile}
+    for i in range(passes):
+        for side in (list(profile) if i % 2 == 0 else list(reversed(list(profile)))):
+            out[side].append(profile[side]())
+    return out

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 from bench_core.core.errors import ScenarioError
 from bench_core.core.records import ColdStart, Measurement, Memory
 from bench_core.core.scenario import Scenario
+from bench_core.deciding.explained import explained
 from bench_core.deciding.gate import Comparison, decide_family, scenario_differences
 from bench_core.deciding.rounds import estimate_rounds
 from bench_core.deciding.sequential import planned_looks, possible_change
@@ -137,12 +138,14 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
     looks, pairs = a.looks(quick), QUICK.pairs if quick else a.pairs
     build = {"candidate": lambda r: live if r == 0 else rebuild(r), "baseline": rev_build}
 
-    def explain():   # a slower or faster verdict: where the time moved, from one profiler pass of each side
-        from bench_core.workflows.diagnose.moved import moved, op_times
+    def explain():   # a slower or faster verdict: where the time moved, from alternated profiler passes of each side
+        from bench_core.workflows.diagnose.moved import alternated, op_times
 
         theirs = on_side("baseline", lambda: rev_build(-1))
         dev = session.config.device
-        return tuple(moved(op_times(theirs.fn, theirs.setup, device=dev), op_times(live.fn, live.setup, device=dev)))
+        got = alternated({"baseline": lambda: op_times(theirs.fn, theirs.setup, device=dev),
+                          "candidate": lambda: op_times(live.fn, live.setup, device=dev)})
+        return got["baseline"], got["candidate"]
 
     def signatures():   # after the rounds: one step of each side, counted exactly (a fresh revision instance)
         from bench_core.workflows.counted_work import signature_of
@@ -195,7 +198,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                 first.call("setup before the first call", live.setup)
             cold = first.sample(live.fn, what="the first call (cold start)")
 
-        profiled: list[str] = []   # a slower or faster verdict's profiler pass, in each side's own process
+        profiled: list = []   # a slower or faster verdict's profiler passes, in each side's own process
 
         def rounds_then_profile(servers, judge):
             res = run_served(servers, sampler, rounds=looks[0], pairs=pairs, warmup=a.warmup, warm_ms=a.warm_ms,
@@ -218,7 +221,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                                                            f"{malloc}",
                              items, proof, None, None, looks, cold=cold,
                              signatures=lambda: _served_signatures(session, scenario.name, ran),
-                             explain=lambda: tuple(profiled),
+                             explain=lambda: tuple(profiled) if profiled else ([], []),
                              instructions=lambda: count_instructions(session, scenario.name, sides))
     k, rounds = (a.quick_processes, 1) if quick else (a.processes, a.process_rounds)
     pairs = QUICK.pairs if quick else a.pairs
@@ -233,21 +236,23 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                                                              f"process is the unit){malloc}", items, proof, None, None)
 
 
-def _profile_served(session, name: str, servers) -> list[str]:
-    """Where the time moved, from one profiler pass of each side in its own server, both at once (after the
-    rounds, never inside them); empty where a side could not be profiled, which the session says."""
-    from bench_core.workflows.diagnose.moved import moved
+def _profile_served(session, name: str, servers) -> list:
+    """Profiler passes of each side in its own server, both sides at once and pass after pass (after the rounds,
+    never inside them): [baseline passes, candidate passes], or empty where a side could not be profiled, which
+    the session says."""
+    from bench_core.workflows.diagnose.moved import PASSES
 
-    times = {}
+    times: dict[str, list] = {"baseline": [], "candidate": []}
     try:
-        for side in ("baseline", "candidate"):
-            servers[side].start_profile()
-        for side in ("baseline", "candidate"):
-            times[side] = servers[side].profiled()
+        for _ in range(PASSES):
+            for side in ("baseline", "candidate"):
+                servers[side].start_profile()
+            for side in ("baseline", "candidate"):
+                times[side].append(servers[side].profiled())
     except ScenarioError as exc:
         session.uncounted.append(f"{name}: no profiler pass: {exc.problem}")
         return []
-    return moved(times["baseline"], times["candidate"])
+    return [times["baseline"], times["candidate"]]
 
 
 def _release_to(pool, keep: Callable[[str, Mapping], Any]):
@@ -397,7 +402,9 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
         c = with_facts(session, c, *counted, scenario)
     if explain is not None and c.verdict in (SLOWER, FASTER) and not session.config.quick and clock is None:
         try:
-            c = replace(c, moved=explain())
+            step = (c.candidate_median - c.baseline_median if None not in (c.candidate_median, c.baseline_median)
+                    else None)
+            c = replace(c, moved=tuple(explained(*explain(), step_ms=step)))
         except Exception as exc:  # noqa: BLE001 - the verdict stands; the explanation says why it is missing
             session.uncounted.append(f"{scenario.name}: no profiler pass: {type(exc).__name__}: {exc}")
     session.comparisons.append(c)
