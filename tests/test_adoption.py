@@ -191,8 +191,8 @@ def test_a_changed_conftest_fixture_moves_its_tests_to_processes_and_says_why_on
                                                                                        'return "float32"  # v2'))
     res = pb.runpytest_subprocess("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2")
     out = " ".join(res.stdout.str().split())
-    said = "test_op[cpu-8-add]: each side in a process of its own: in one process HEAD's side would run the current " \
-        "tree's code for the fixture"
+    said = "2 scenarios (test_op[cpu-8-add], test_op[cpu-8-mul]): each side in a process of its own: in one process " \
+        "HEAD's side would run the current tree's code for the fixture"
     assert res.ret == 0 and said in out and "the fixture 'dtype' (conftest.py)" in out.split(said, 1)[1], out
 
 

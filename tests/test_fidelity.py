@@ -53,7 +53,8 @@ def test_a_fixture_built_from_changed_code_is_compared_with_each_side_in_its_own
     # each side's calls carry +-2% of jitter whose phase comes from its child's pid (fakes.work_on_shared_clock), so
     # the ratio of two medians lies within 8 x 0.98/1.02 and 8 x 1.02/0.98, and no closer: 7.81 came from one run
     assert 8.0 * 0.98 / 1.02 <= rec["comparison"]["ratio"] <= 8.0 * 1.02 / 0.98
-    assert "the fixture 'model' (mymodel.py)" in rec["code"]["why_processes"]
+    # named where it is written, and through which changed file its code runs
+    assert "the fixture 'model' (conftest.py, through mymodel.py)" in rec["code"]["why_processes"]
     ran = rec["code"]["processes_ran"]
     model_files = {side: [f for f in ran[side][0]["files"] if f.endswith("mymodel.py")] for side in ran}
     assert model_files["candidate"] == [str(pytester.path / "mymodel.py")]

@@ -42,10 +42,10 @@ def test_a_saved_baseline_leaves_no_lock_and_the_results_folder_ignores_itself(p
     assert res.ret == 0
     assert sorted(p.name for p in (bt.path / "baselines").iterdir()) == ["main.json"]
     assert _git(bt.path, "status", "--porcelain", "--untracked-files=all").split() == ["??", "baselines/main.json"]
-    _git(bt.path, "add", "baselines")
-    _git(bt.path, "commit", "-qm", "baseline")
     res = bt.runpytest("--bench-against", "HEAD", "--bench-rounds", "3", "--bench-pairs", "1")
-    assert "dirty" not in res.stdout.str()   # nothing bench_core wrote makes the tree look changed
+    assert "clean" in res.stdout.str() and "dirty" not in res.stdout.str()   # a baseline is data, not code that runs
+    (bt.path / "helper.py").write_text("X = 1\n")                             # new code is
+    assert "dirty" in bt.runpytest("--bench-against", "HEAD", "--bench-rounds", "3", "--bench-pairs", "1").stdout.str()
 
 
 def test_an_interrupted_run_is_not_added_to_the_history_nor_followed_by_advice(pytester):
@@ -100,3 +100,58 @@ def test_a_table_that_must_wrap_never_splits_a_scenario_name():
     rows = [[name, "a note long enough to need wrapping " * 4, "1.0"], ["short", "x", "2.0"]]
     text = fit(["scenario", "notes", "ms"], rows)
     assert max(map(len, text.splitlines())) <= 120 and name in text.splitlines()[2]
+
+
+def test_a_childs_colours_never_reach_a_reason_line(tmp_path):
+    from bench_core.files.storage import log_tail
+
+    (tmp_path / "log").write_text("\x1b[33m==== 1 failed in 0.2s ====\x1b[0m\nERROR: \x1b[1mnot found\x1b[0m\n")
+    assert log_tail(tmp_path / "log") == "==== 1 failed in 0.2s ==== / ERROR: not found"
+
+
+CUSTOM_CONFTEST = """
+import sys
+sys.path.insert(0, {fakes!r})
+
+
+def pytest_addoption(parser):
+    parser.addoption("--model-size", default="small")
+
+
+def pytest_generate_tests(metafunc):
+    if "size" in metafunc.fixturenames:
+        metafunc.parametrize("size", [metafunc.config.getoption("--model-size")])
+"""
+
+CUSTOM_TEST = """
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+def test_model(bench, size):
+    bench.run(Scenario(f"model[{{size}}]", ("forward",)), work_on_shared_clock({ms}), clock=SHARED_CLOCK)
+"""
+
+
+def test_the_gates_fresh_processes_get_the_sessions_conftest_options(pytester):
+    """A conftest option that names the test (`--model-size`): the fresh processes that decide a possible slowdown
+    ran without it, found no such test, and a real regression ended inconclusive, exit 0."""
+    import fakes
+
+    pytester.makeconftest(CUSTOM_CONFTEST.format(fakes=str(fakes.__file__.rsplit("/", 1)[0])))
+    pytester.makepyfile(test_m=CUSTOM_TEST.format(ms=2.0))
+    for extra in ([], ["--bench-append"], ["--bench-append"]):
+        assert pytester.runpytest("--model-size", "large", "--bench-save", "main", *extra).ret == 0
+    pytester.makepyfile(test_m=CUSTOM_TEST.format(ms=3.0))
+    res = pytester.runpytest("--model-size", "large", "--bench-compare", "main", "--bench-max-runs", "3")
+    out = " ".join(res.stdout.str().split())
+    assert res.ret == 1 and "model[large]" in out and "slower" in out and "not found" not in out, out
+
+
+def test_a_gate_over_tests_that_were_all_skipped_fails(pytester):
+    bt = _bt(pytester)
+    bt.makepyfile(test_b=BENCH.format(level=2.0))
+    assert bt.runpytest("--bench-save", "main").ret == 0
+    res = bt.runpytest("--bench-compare", "main", "--benchmark-skip")
+    out = " ".join(res.stdout.str().split())
+    assert res.ret == 1 and "gate: 0 of 0 scenario(s) decided" in out and "(nothing was compared: the session fails)" \
+        in out

@@ -679,11 +679,16 @@ def open_log(path: Path):
     return open(path, "wb")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")   # a child's colours (a project's addopts: --color=yes)
+
+
 def log_tail(path: Path, lines: int = 4) -> str:
+    """The last lines of a child's log, as plain text for a reason line."""
     try:
-        return " / ".join(Path(path).read_text(errors="replace").strip().splitlines()[-lines:])
+        text = _ANSI.sub("", Path(path).read_text(errors="replace"))
     except OSError:
         return ""
+    return " / ".join(text.strip().splitlines()[-lines:])
 
 
 def write_rank_spec(folder: Path, spec: Mapping[str, Any]) -> Path:

@@ -18,7 +18,7 @@ def shown(session, text: str) -> str:
 def summary_sections(session) -> list[tuple[str, str]]:
     """The report as (title, text) sections, in reading order."""
     s = session
-    if not s.results and not s.errors and not s.decisions and not (s.unmeasured and s.compared_with):
+    if not s.results and not s.errors and not s.decisions and s.compared_with is None:
         return []
     wide = s.config.wide
     # what could not be counted (FLOPs, signatures, instructions) is said, never shown as nothing: under the work
@@ -100,9 +100,14 @@ def comparison_lines(s) -> list[str]:
             methods.setdefault(c.method, []).append(c.name)
         for method, names in methods.items():   # one mode for all, or each mode with the scenarios it ran
             lines.append(method if len(methods) == 1 else f"{method}: {', '.join(names)}")
-        lines += [f"{rec['scenario']}: each side in a process of its own: {rec['code']['why_processes']}"
-                  for rec in s.against_records if (rec.get("code") or {}).get("why_processes")
-                  and not rec["code"]["why_processes"].startswith("asked for")]   # not said again for each
+        why: dict[str, list[str]] = {}   # one reason, said once, with the scenarios it sent to processes
+        for rec in s.against_records:
+            reason = (rec.get("code") or {}).get("why_processes")
+            if reason and not reason.startswith("asked for"):   # asked for: the method line says so already
+                why.setdefault(reason, []).append(rec["scenario"])
+        for reason, names in why.items():
+            who = names[0] if len(names) == 1 else f"{len(names)} scenarios ({', '.join(names)})"
+            lines.append(f"{who}: each side in a process of its own: {reason}")
     if s.workers is not None and s.workers.started:
         lines.append(f"process mode: {len(s.workers.scenarios)} scenario(s) served by {s.workers.started} pytest "
                      f"process(es), one per side and test file, kept from scenario to scenario")

@@ -250,7 +250,9 @@ def replicator(session, request, name):
     def replicate(warmup, repeats):
         with tempfile.TemporaryDirectory(prefix="bench_core-replica-") as tmp:
             out, log_path = Path(tmp) / "replica.json", Path(tmp) / "pytest.log"
-            argv = replica_command(session, request.node.nodeid, root, config.inipath, out, warmup, repeats)
+            # with the session's own conftest options (a model size, a compiler): the same test, asked the same way
+            argv = replica_command(session, request.node.nodeid, root, config.inipath, out, warmup,
+                                   repeats) + forwarded_args(config)
             with storage.open_log(log_path) as log:
                 proc = children.start(argv, cwd=str(root), stdout=log, stderr=subprocess.STDOUT)
                 try:

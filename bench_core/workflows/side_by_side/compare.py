@@ -106,7 +106,8 @@ def open_revision(session, root: Path) -> None:
     so that a step that frees large blocks does not fault them in afresh on some calls and not others.)"""
     from bench_core.workflows.side_by_side.revisions import LoadedRevision
 
-    session.revision = LoadedRevision(root, session.config.against.rev)
+    c = session.config   # its stored baselines and references are data, not code: they never make the tree dirty
+    session.revision = LoadedRevision(root, c.against.rev, data=(c.baselines_dir, c.references_dir))
 
 
 def worker_pool(session):

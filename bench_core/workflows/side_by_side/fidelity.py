@@ -103,8 +103,22 @@ def fixture_problems(fixtures: dict[str, Callable], current_root: Path, rev_root
         files = project_files([func], [current_root])
         diff = differing(files, current_root, rev_root)
         if diff:
-            out.append(f"the fixture {name!r} ({', '.join(diff)})")
+            where = _defined_in(func, current_root)
+            through = [f for f in diff if f != where]
+            said = (f"{where}, through {', '.join(through)}" if where and through else
+                    where if where else ", ".join(diff))
+            out.append(f"the fixture {name!r} ({said})")
     return out
+
+
+def _defined_in(func: Callable, root: Path) -> str | None:
+    """The file a fixture is written in, relative to the tree (None where it is not the tree's)."""
+    try:
+        path = Path(inspect.getsourcefile(inspect.unwrap(func)) or "").resolve()
+    except (TypeError, OSError):
+        return None
+    root = Path(root).resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else None
 
 
 def borrowed(module: ModuleType, current_root: Path, rev_root: Path) -> list[str]:

@@ -64,18 +64,21 @@ class Revision:
                                               else ", clean")
 
 
-def working_tree(root: Path) -> Revision:
+def working_tree(root: Path, data: Iterable[Path] = ()) -> Revision:
     """The current tree: its commit, and whether it differs from it (changed files, and new files git does not
-    ignore: an untracked benchmark file is part of what runs), with a hash of those differences."""
+    ignore: an untracked benchmark file is part of what runs), with a hash of those differences. bench_core's own
+    results (`.bench`) and the folders of `data` (its stored baselines and references) are not code that runs."""
     head = _git(root, "rev-parse", "--verify", "HEAD")
     commit = head.stdout.strip() if head.returncode == 0 else None
-    ours = ":(exclude).bench"   # bench_core's own results are not code that runs
-    status = _git(root, "status", "--porcelain", "--", ".", ours)
+    resolved = Path(root).resolve()
+    ours = [":(exclude).bench"] + [f":(exclude){Path(d).resolve().relative_to(resolved)}" for d in data
+                                   if Path(d).resolve().is_relative_to(resolved) and Path(d).resolve() != resolved]
+    status = _git(root, "status", "--porcelain", "--", ".", *ours)
     dirty = status.returncode == 0 and bool(status.stdout.strip())
     digest = None
     if dirty:
-        diff = _git(root, "diff", "HEAD", binary=True)
-        new = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".", ours)
+        diff = _git(root, "diff", "HEAD", "--", ".", *ours, binary=True)
+        new = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".", *ours)
         h = hashlib.sha256(diff.stdout)
         for rel in sorted(p for p in new.stdout.split("\0") if p):
             try:
@@ -379,9 +382,10 @@ def file_sha256(path: Path) -> str | None:
 class LoadedRevision:
     """A revision extracted into a temporary folder and importable beside the current code."""
 
-    def __init__(self, current_root: Path, rev: str | None, sys_path: Iterable[str] | None = None):
+    def __init__(self, current_root: Path, rev: str | None, sys_path: Iterable[str] | None = None,
+                 data: Iterable[Path] = ()):
         self.current_root = repo_root(Path(current_root))
-        self.current = working_tree(self.current_root)
+        self.current = working_tree(self.current_root, data)
         self._declared: dict[str, list[tuple[Path, str]]] | None = None
         self._operator_code: list[str] | None = None
         self._sys_path = sys_path
