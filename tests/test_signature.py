@@ -234,7 +234,7 @@ def test_a_profiler_pass_counts_each_operators_calls_and_passes_alternate_sides(
 def test_a_profiler_pass_in_a_fresh_fork_warms_its_step_as_a_round_does_before_profiling():
     from types import SimpleNamespace
 
-    from bench_core.workflows.diagnose.moved import op_times
+    from bench_core.workflows.diagnose.moved import PASSES, op_times
     from bench_core.workflows.worker import SERVED_PROFILE_CALLS, _profiled
 
     ran = []
@@ -242,9 +242,9 @@ def test_a_profiler_pass_in_a_fresh_fork_warms_its_step_as_a_round_does_before_p
     assert len(ran) == 1 + 2                           # one unprofiled call, then the profiled ones
     ran.clear()
     out = _profiled(SimpleNamespace(step=(lambda: ran.append(1), None), device="cpu", requested="s"))
-    assert "op_times" in out, out
-    # the served pass warms first (`warm_for`: at least one call, more while under ROUND_WARM_MS), then op_times
-    assert len(ran) >= 1 + 1 + SERVED_PROFILE_CALLS
+    assert len(out["op_times"]) == PASSES, out         # the passes, each a sample of every operator's time
+    # the served passes warm first (`warm_for`: at least one call, more while under ROUND_WARM_MS), then op_times
+    assert len(ran) >= 1 + PASSES * (1 + SERVED_PROFILE_CALLS)
 
 
 def test_self_times_from_the_profilers_raw_events_are_what_key_averages_gives():

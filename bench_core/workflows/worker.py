@@ -257,8 +257,9 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
 _QUIT_STATUS = 75   # a round's child ending on the parent's "quit": the server ends too
 
 
-SERVED_PROFILE_CALLS = 2   # a verdict's explanation, not its evidence: two profiled calls (more cost a visible share
-                           # of a process-mode comparison's time: docs/lab/from-the-code.md)
+SERVED_PROFILE_CALLS = 1   # a verdict's explanation, not its evidence: one profiled call a pass, `PASSES` passes in
+                           # the one forked child (more cost a visible share of a process-mode comparison's time:
+                           # docs/lab/from-the-code.md)
 
 
 def _profile_reply(state: ServeState) -> None:
@@ -281,11 +282,12 @@ def _profile_reply(state: ServeState) -> None:
 
 
 def _profiled(state: ServeState) -> dict:
-    """One profiler pass of the item's first instance (the server's), after its rounds."""
+    """The profiler passes of the item's first instance (the server's), after its rounds: `PASSES` of them, in
+    the one child forked for them, each pass an operator's sample for `deciding.explained`."""
     from bench_core.timing.backends import backend_for
     from bench_core.timing.protocol import ROUND_WARM_MS, Instance, warm_for
     from bench_core.timing.sampling import Sampler
-    from bench_core.workflows.diagnose.moved import op_times
+    from bench_core.workflows.diagnose.moved import PASSES, op_times
 
     if state.step is None:
         return {"error": "profiler pass: the item has no instance in its server"}
@@ -295,8 +297,8 @@ def _profiled(state: ServeState) -> dict:
         # its settled time (docs/lab/from-the-code.md)
         warm_for(Sampler(state.requested or "profiled", backend_for(state.device)), Instance(*state.step),
                  ROUND_WARM_MS, "the profiler pass")
-        return {"op_times": op_times(*state.step, calls=SERVED_PROFILE_CALLS, device=state.device),
-                "pid": os.getpid()}
+        passes = [op_times(*state.step, calls=SERVED_PROFILE_CALLS, device=state.device) for _ in range(PASSES)]
+        return {"op_times": passes, "pid": os.getpid()}
     except Exception as exc:  # noqa: BLE001 - the verdict stands; the parent says why there is no pass
         return {"error": f"profiler pass: {type(exc).__name__}: {exc}"}
 
@@ -503,15 +505,15 @@ class Worker:
         return int(self._send({"cmd": "warm", "ms": ms}, "warmed")["warmed"])
 
     def start_profile(self) -> None:
-        """Asks for one profiler pass of this side's step, in the server itself, after the measured rounds
-        (`profiled()` waits for it), so that two servers profile side by side."""
+        """Asks for the profiler passes of this side's step, in a child of the server, after the measured rounds
+        (`profiled()` waits for them), so that two servers profile side by side."""
         self._write({"cmd": "profile"})
 
-    def profiled(self) -> dict[str, tuple[float, int]]:
-        """Per operator: self time per step (ms) and calls per step."""
+    def profiled(self) -> list[dict[str, tuple[float, int]]]:
+        """Each pass: per operator, self time per step (ms) and calls per step."""
         out = self._read("op_times")
         self.profiled_in = out.get("pid")
-        return {op: (float(ms), int(n)) for op, (ms, n) in out["op_times"].items()}
+        return [{op: (float(ms), int(n)) for op, (ms, n) in one.items()} for one in out["op_times"]]
 
     def end_round(self) -> None:
         self.start_end()

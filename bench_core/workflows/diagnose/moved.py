@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-CALLS = 5    # profiled calls of each side in a pass, after one unprofiled call
+CALLS = 1    # profiled calls of each side in a pass, after one unprofiled call: the passes are the samples, and
+             # a profiled call of a training step costs several of its own (docs/lab/pytest-benchmark.md)
 PASSES = 3   # passes of each side, alternated: an operator's difference is told from the profiler's noise by them
 
 

@@ -238,18 +238,14 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
 
 
 def _profile_served(session, name: str, servers) -> list:
-    """Profiler passes of each side in its own server, both sides at once and pass after pass (after the rounds,
-    never inside them): [baseline passes, candidate passes], or empty where a side could not be profiled, which
-    the session says."""
-    from bench_core.workflows.diagnose.moved import PASSES
-
-    times: dict[str, list] = {"baseline": [], "candidate": []}
+    """Profiler passes of each side in its own server, both sides at once (after the rounds, never inside them):
+    [baseline passes, candidate passes], or empty where a side could not be profiled, which the session says."""
+    times: dict[str, list] = {}
     try:
-        for _ in range(PASSES):
-            for side in ("baseline", "candidate"):
-                servers[side].start_profile()
-            for side in ("baseline", "candidate"):
-                times[side].append(servers[side].profiled())
+        for side in ("baseline", "candidate"):
+            servers[side].start_profile()
+        for side in ("baseline", "candidate"):
+            times[side] = servers[side].profiled()
     except ScenarioError as exc:
         session.uncounted.append(f"{name}: no profiler pass: {exc.problem}")
         return []
