@@ -58,6 +58,13 @@ step diagnose_gpu 90 python -m pytest benchmarks --gpu --bench-quick -q --bench-
 # itself in the same interpreter, so no git history is needed on the machine
 step against_gpu 120 python -m pytest benchmarks --gpu --bench-quick -q -rA --bench-no-out \
   -k "mlp_forward_precision and float32" --bench-against-python python
+# decisions on the GPU (scripts/gpu_decisions.py, docs/gpu.md): planned to fill an allowance of its own, added to
+# the budget so that the checks above keep theirs; it stops itself 20 s inside its limit to write what it decided
+decisions_s=${GPU_DECISIONS_BUDGET_S:-240}
+budget=$((budget + decisions_s))
+decisions_left=$(( budget - SECONDS < decisions_s ? budget - SECONDS : decisions_s ))
+step decisions "$decisions_s" python scripts/gpu_decisions.py --device cuda --budget-s "$((decisions_left - 20))" \
+  --out "$out/decisions"
 echo "== summary =="
 cat "$summary"
 if [[ "$out" != "$dest" ]]; then
