@@ -9,6 +9,7 @@ at a time with Bonferroni over the four, fresh processes drawn while a possible 
 
   A/A  baseline = K runs of A, candidate = other runs of A   -> any "slower" is a false alarm
   A/B  baseline = K runs of A, candidate = runs of B         -> "slower" is a detection
+  B/A  baseline = K runs of B, candidate = runs of A         -> "faster" is a detection (a speedup)
 
 Each trial draws a baseline and a candidate's processes at random from the measured pool (processes
 are never reused within a trial). Usage:
@@ -78,18 +79,20 @@ def rates(runs_a, runs_b, k: int, trials: int, seed: int, config, fixed: int | N
     """Runs are lists of {scenario: Measurement}, one per process. `fixed`: that many candidate runs and
     no replication; None: the gate's own protocol, drawing fresh processes from the pool."""
     from bench_core.deciding.gate import decide_family, estimate, noise_prior
-    from bench_core.deciding.verdicts import SLOWER
+    from bench_core.deciding.verdicts import FASTER, SLOWER
     from bench_core.deciding.sequential import replicate_until_decided
 
     rng = random.Random(seed)
     names = sorted(runs_a[0])
     out = {}
-    for kind in ("A/A", "A/B"):
+    # B/A: the slower code as the baseline, so the change is a speedup, which the gate chases as it chases a slowdown
+    for kind in ("A/A", "A/B", "B/A"):
         verdicts, used, by_name, two_level = [], [], {n: 0 for n in names}, 0
+        own, other = (runs_b, runs_a) if kind == "B/A" else (runs_a, runs_b)
         for _ in range(trials):
-            order = rng.sample(range(len(runs_a)), len(runs_a))
-            base_runs = [runs_a[i] for i in order[:k]]
-            pool = [runs_a[i] for i in order[k:]] if kind == "A/A" else rng.sample(runs_b, len(runs_b))
+            order = rng.sample(range(len(own)), len(own))
+            base_runs = [own[i] for i in order[:k]]
+            pool = [own[i] for i in order[k:]] if kind == "A/A" else rng.sample(other, len(other))
             base = {n: [r[n] for r in base_runs] for n in names}
             prior = noise_prior(base)
             two_level += prior is not None and prior.slow is not None
@@ -103,8 +106,8 @@ def rates(runs_a, runs_b, k: int, trials: int, seed: int, config, fixed: int | N
                 c = replicate_until_decided(first, judge, None if fixed else lambda: next(draw, None), config)
                 verdicts.append(c.verdict)
                 used.append(c.candidate_runs)
-                by_name[name] += c.verdict == SLOWER
-        out[kind] = {"decisions": len(verdicts), "slower": verdicts.count(SLOWER),
+                by_name[name] += c.verdict == (FASTER if kind == "B/A" else SLOWER)
+        out[kind] = {"decisions": len(verdicts), "slower": verdicts.count(SLOWER), "faster": verdicts.count(FASTER),
                      "counts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
                      "mean_runs": sum(used) / len(used), "slower_by_scenario": by_name,
                      "two_level_baselines": two_level}
@@ -162,11 +165,14 @@ def main(argv=None) -> int:
     for label, fixed in (("1 run", 1), ("3 runs", 3), (f"replicated (up to {config.max_runs})", None)):
         r = rates(runs_a, runs_b, ns.baseline_runs, ns.trials, seed=7, config=config, fixed=fixed)
         results.append({"candidates": label, **r})
-        aa, ab = r["A/A"], r["A/B"]
+        aa, ab, ba = r["A/A"], r["A/B"], r["B/A"]
         per = ", ".join(f"{n} {k}" for n, k in ab["slower_by_scenario"].items())
+        back = ", ".join(f"{n} {k}" for n, k in ba["slower_by_scenario"].items())
         rows.append([label, f"{aa['slower'] / aa['decisions']:.2%} ({aa['slower']}/{aa['decisions']})",
+                     f"{aa['faster'] / aa['decisions']:.2%} ({aa['faster']}/{aa['decisions']})",
                      f"{ab['slower'] / ab['decisions']:.1%} ({ab['slower']}/{ab['decisions']}: {per} of {ns.trials})",
-                     f"{aa['mean_runs']:.2f} / {ab['mean_runs']:.2f}"])
+                     f"{ba['faster'] / ba['decisions']:.1%} ({ba['faster']}/{ba['decisions']}: {back} of {ns.trials})",
+                     f"{aa['mean_runs']:.2f} / {ab['mean_runs']:.2f} / {ba['mean_runs']:.2f}"])
     spread = {}
     for name in sorted(runs_a[0]):
         meds_a = np.array([r[name].summary.median for r in runs_a])
@@ -178,8 +184,9 @@ def main(argv=None) -> int:
           ", ".join(f"{n} {s['run_to_run']:.1%} ({s['b_over_a']:.3f})" for n, s in spread.items()))
     print(f"gate: alpha={config.alpha}, threshold={config.threshold:.0%}, min_runs={config.min_runs}, "
           f"max_runs={config.max_runs}; {ns.trials} draws x {len(spread)} scenarios per cell")
-    print(tabulate(rows, headers=["candidate processes", "A/A false slower", f"A/B detected (+{ns.slowdown:.0%})",
-                                  "runs used A/A / A/B"], tablefmt="github"))
+    print(tabulate(rows, headers=["candidate processes", "A/A false slower", "A/A false faster",
+                                  f"A/B slower detected (+{ns.slowdown:.0%})", "B/A faster detected",
+                                  "runs used A/A / A/B / B/A"], tablefmt="github"))
     two = {kind: results[0][kind]["two_level_baselines"] for kind in ("A/A", "A/B")}
     print(f"baselines whose runs were fitted as two levels (slow processes apart): {two['A/A']} of the A/A draws' "
           f"{ns.trials}, {two['A/B']} of the A/B draws'")
