@@ -196,6 +196,31 @@ def test_a_changed_conftest_fixture_moves_its_tests_to_processes_and_says_why_on
     assert res.ret == 0 and said in out and "the fixture 'dtype' (conftest.py)" in out.split(said, 1)[1], out
 
 
+CLASSY = '''
+from fakes import work_on_shared_clock
+
+MS = 1.0
+
+
+class TestKernels:
+    def test_fast(self, benchmark):
+        benchmark(work_on_shared_clock(1.0))
+
+    def test_changed(self, benchmark):
+        benchmark(work_on_shared_clock(MS))
+'''
+
+
+def test_test_methods_of_a_class_are_compared_each_side_in_its_own_pytest(pb):
+    _committed(pb, test_classy=CLASSY)
+    pb.makepyfile(test_classy=CLASSY.replace("MS = 1.0", "MS = 1.5"))
+    res = pb.runpytest_subprocess("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2")
+    verdicts = _verdicts(res)
+    out = " ".join(res.stdout.str().split())
+    assert res.ret == 1 and verdicts == {"test_fast": "unchanged", "test_changed": "slower"}, out
+    assert "a test method (TestKernels.test_changed) is run by each side's own pytest" in out
+
+
 def test_a_mixed_suite_is_one_session_one_table_one_outcome(pb):
     bench_test = '''
 from bench_core import Scenario

@@ -35,10 +35,6 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
         return capture(request.function, value_of, sizing, "current tree", name, described)
 
     live = instance_from(fn, kwargs, scenario)
-    if request.cls is not None:
-        session.not_compared(name, "measured on the current tree only: only module-level test functions are "
-                                   "compared side by side")
-        return session.run(scenario, fn, **kwargs)
     path, function, missing = counterpart_test(loaded, request, name)
     if missing is not None:   # the revision lacks it: measured alone, and reported
         session.not_compared(name, f"measured on the current tree only: {missing}",
@@ -47,6 +43,10 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     if a.in_processes:
         why = f"{opt.AGAINST_PYTHON} {a.python}" if a.python else opt.AGAINST_PROCESSES
         return _in_processes(session, request, scenario, live, path, function, kwargs, f"asked for ({why})")
+    if request.cls is not None:   # a method needs its class's instance, which only a side's own pytest makes
+        return _in_processes(session, request, scenario, live, path, function, kwargs,
+                             f"a test method ({request.cls.__name__}.{request.function.__name__}) is run by each "
+                             f"side's own pytest")
     theirs, why, isolate = revision_function(session, request, name, path, function)
     if isolate:  # cannot share this process: each side in a process of its own
         return _in_processes(session, request, scenario, live, path, function, kwargs, why)
