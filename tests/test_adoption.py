@@ -149,8 +149,9 @@ def test_a_slower_test_of_each_suite_fails_side_by_side_and_identical_code_is_ne
     same = pb.runpytest("--bench-against", "HEAD", "--bench-rounds", "5", "--bench-pairs", "3")
     assert same.ret == 0, same.stdout.str()
     assert "slower" not in _verdicts(same).values() and _verdicts(same)
-    pb.makepyfile(test_suite=source.replace(before, after))   # the working tree is the candidate
-    res = pb.runpytest("--bench-against", "HEAD", "--bench-rounds", "5", "--bench-pairs", "3")
+    pb.makepyfile(test_suite=source.replace(before, after))
+    _git(pb.path, "commit", "-qam", "one test 1.5x slower")
+    res = pb.runpytest("--bench-against", "HEAD~1", "--bench-rounds", "5", "--bench-pairs", "3")
     verdicts = _verdicts(res)
     assert res.ret == 1 and verdicts[slowed] == "slower", res.stdout.str()
     assert [n for n, v in verdicts.items() if v == "slower"] == [slowed]

@@ -324,6 +324,7 @@ def test_the_gpu_check_on_a_machine_without_one_fails_each_step_it_ran_and_packs
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_PACK": "1", "GPU_CHECK_BUDGET_S": "16",
+           "GPU_DECISIONS_BUDGET_S": "30",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
                           timeout=120)
@@ -331,7 +332,7 @@ def test_the_gpu_check_on_a_machine_without_one_fails_each_step_it_ran_and_packs
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.tar.gz", "summary.txt"]
     lines = (out / "summary.txt").read_text().splitlines()
-    assert len(lines) == 14 and lines[0].startswith("environment")
+    assert len(lines) == 15 and lines[0].startswith("environment") and lines[-1].startswith("decisions")
     # no step passes without a GPU; what the budget no longer covered is skipped, and said
     assert not any(" rc=0 " in line for line in lines)
     assert all("budget is spent" in line for line in lines if "rc=skip" in line)
