@@ -39,6 +39,8 @@ class SessionConfig:
     device: str = "cpu"
     warmup: int | None = None          # None: the scenario's own choice, else the default
     repeats: int | None = None
+    default_warmup: int | None = None  # the project's default counts ([tool.bench_core]), below a scenario's own
+    default_repeats: int | None = None
     quick: bool = False
     threads: int | None = None
     results_dir: Path | None = Path(".bench/results")
@@ -118,12 +120,13 @@ class BenchSession:
 
     # -- measuring -------------------------------------------------------------------------------
     def counts(self, warmup: int | None, repeats: int | None) -> tuple[int, int]:
-        """Command line beats quick mode beats the scenario's own choice beats the defaults."""
+        """Command line, then quick mode, the scenario's own choice, the project's defaults, bench_core's."""
         c = self.config
         w = c.warmup if c.warmup is not None else QUICK.warmup if c.quick else \
-            warmup if warmup is not None else DEFAULT_WARMUP
+            warmup if warmup is not None else c.default_warmup if c.default_warmup is not None else DEFAULT_WARMUP
         r = c.repeats if c.repeats is not None else QUICK.repeats if c.quick else \
-            repeats if repeats is not None else DEFAULT_REPEATS
+            repeats if repeats is not None else c.default_repeats if c.default_repeats is not None else \
+            DEFAULT_REPEATS
         return w, r
 
     def measure(self, scenario: Scenario, fn: Callable[[], Any], *, warmup: int | None = None,

@@ -142,7 +142,8 @@ def test_the_gates_fresh_processes_get_the_sessions_conftest_options(pytester):
     for extra in ([], ["--bench-append"], ["--bench-append"]):
         assert pytester.runpytest("--model-size", "large", "--bench-save", "main", *extra).ret == 0
     pytester.makepyfile(test_m=CUSTOM_TEST.format(ms=3.0))
-    res = pytester.runpytest("--model-size", "large", "--bench-compare", "main", "--bench-max-runs", "3")
+    res = pytester.runpytest("--model-size", "large", "--bench-compare", "main", "--bench-min-runs", "2",
+                             "--bench-max-runs", "2")   # one fresh process
     out = " ".join(res.stdout.str().split())
     assert res.ret == 1 and "model[large]" in out and "slower" in out and "not found" not in out, out
 

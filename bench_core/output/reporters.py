@@ -127,10 +127,17 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
 
 def failing_steps(s) -> list[str]:
     """After a gate that failed a scenario: how to look into it, and how to accept the change."""
-    failing = [cmp.name for cmp in s.comparisons if s.fails(cmp)]
+    from bench_core.deciding.verdicts import INCOMPARABLE, SLOWER
+
+    failing = [cmp for cmp in s.comparisons if s.fails(cmp)]
     if not failing:
         return []
-    k = failing[0]
+    if not any(cmp.verdict == SLOWER or cmp.grown for cmp in failing):   # nothing got slower: nothing to look for
+        if any(cmp.verdict == INCOMPARABLE for cmp in failing):
+            return ["next: the two sides measure different things (the reasons are under the table): measure both "
+                    "in one environment, or pass --bench-allow-env-mismatch where the difference is intended"]
+        return []
+    k = next(cmp.name for cmp in failing if cmp.verdict == SLOWER or cmp.grown)
     lines = ["next: where the time went: rerun with --bench-profile DIR (a profiler pass after each measurement, "
              "never inside it)"]
     if s.config.against is not None:

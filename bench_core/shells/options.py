@@ -308,18 +308,29 @@ def _setting_value(o: Option, value: Any, where: str) -> Any:
     return converted
 
 
+# settings that are a project's defaults, below --bench-quick and a scenario's own choice (the command line's
+# beat both): `session_config` takes them apart as the session's default counts
+PROJECT_DEFAULTS = (WARMUP, REPEATS)
+
+
 def values(given: Callable[[str], Any], project: dict[str, Any]) -> "Values":
-    """An option's value by its flag: as given on the command line, else the project's setting (`settings`),
-    else the option's default."""
+    """An option's value by its flag: as given on the command line, else the project's setting (`settings`; not
+    for PROJECT_DEFAULTS, which `project_defaults` gives), else the option's default."""
     def value(flag: str) -> Any:
         o = BY_FLAG[flag]
         got = given(o.dest)
         if got is not None and got is not False:
             return got
-        if flag in project:
+        if flag in project and flag not in PROJECT_DEFAULTS:
             return project[flag]
         return o.default if o.type is not None else False
     return value
+
+
+def project_defaults(project: dict[str, Any]) -> dict[str, Any]:
+    """The session's default counts from the project's settings (a scenario's own choice and --bench-quick beat
+    them)."""
+    return {"default_warmup": project.get(WARMUP), "default_repeats": project.get(REPEATS)}
 
 
 def add_to_cli(parser, *flags: str) -> None:
@@ -451,10 +462,12 @@ def session_config(value: Values, root: Path, device: str, **extra):
         pb_fixture=value(PB_FIXTURE) or "adopt", **extra)
     from bench_core.timing.measuring import MIN_REPEATS
 
-    if cfg.repeats is not None and cfg.repeats < MIN_REPEATS:   # found now, not after each scenario built its model
-        raise ValueError(f"{REPEATS} takes at least {MIN_REPEATS} samples (a spread needs two), got {cfg.repeats}")
-    if cfg.warmup is not None and cfg.warmup < 0:
-        raise ValueError(f"{WARMUP} takes a count of calls, 0 or more, got {cfg.warmup}")
+    for what, repeats, warmup in ((REPEATS, cfg.repeats, cfg.warmup),
+                                  ("[tool.bench_core] repeats/warmup", cfg.default_repeats, cfg.default_warmup)):
+        if repeats is not None and repeats < MIN_REPEATS:   # found now, not after each scenario built its model
+            raise ValueError(f"{what} takes at least {MIN_REPEATS} samples (a spread needs two), got {repeats}")
+        if warmup is not None and warmup < 0:
+            raise ValueError(f"{WARMUP if what == REPEATS else what} takes a count of calls, 0 or more, got {warmup}")
     if cfg.cache or cfg.graph:
         mode = CACHE if cfg.cache else GRAPH
         if device == "cpu":

@@ -7,13 +7,15 @@ and a test whose timing bench_core did not take is counted as not measured, neve
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
+from dataclasses import replace
 
 import pytest
 
 from bench_core.shells import options as opt
-from bench_core.shells.replay import pb_metadata
+from bench_core.shells.replay import NAMES_ENV, pb_metadata
 from bench_core.workflows.adopted import PbCalls, PbOptions, plain
 
 try:   # pytest-benchmark checks that its fixture's value is its own type
@@ -112,7 +114,8 @@ class Adoption:
         """pytest-benchmark's `benchmark`, measured by bench_core (see `workflows.adopted`)."""
         from bench_core.shells.bench_fixture import BenchFixture, isolated
 
-        if request.config.getoption("benchmark_skip", False):
+        c = request.config
+        if c.getoption("benchmark_skip", False) and not c.getoption("benchmark_only", False):   # as there: only wins
             pytest.skip("Benchmarks are skipped (--benchmark-skip was used).")
         node = request.node
         marker = node.get_closest_marker("benchmark")
@@ -152,6 +155,7 @@ class Adoption:
         for item in uses:
             seen[item.name] = seen.get(item.name, 0) + 1
         self.names = {i.nodeid: (i.nodeid if seen[i.name] > 1 else i.name) for i in uses}
+        self.names.update(json.loads(os.environ.get(NAMES_ENV) or "{}"))
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
@@ -191,6 +195,8 @@ def register(config, session, gated: bool) -> None:
     given = given_flags(config)
     options = pb_options(config, given)
     header = check(given, options, gated)
+    if session.config.concurrent is not None:   # as pytest-benchmark under xdist: each benchmark once, unmeasured
+        options = replace(options, disabled=True)
     header.insert(0, "bench_core: tests using pytest-benchmark's `benchmark` fixture are measured by bench_core "
                      f"({opt.PB_FIXTURE} leave gives them back); the `benchmark:` line is pytest-benchmark's own")
     config.pluginmanager.register(Adoption(session, options, header), "bench_core_pb")

@@ -42,8 +42,9 @@ def pytest_configure(config):
         )
     try:
         root = _project_root(config)
-        values = _values(config)
-        scfg = opt.session_config(values, root, device, **_pytest_benchmark(config, values))
+        values, project = _values(config)
+        scfg = opt.session_config(values, root, device, **_pytest_benchmark(config, values),
+                                  **opt.project_defaults(project))
         shared = xdist_share(config)
         if shared and (scfg.save or scfg.compare or scfg.against):
             raise ValueError(f"under pytest-xdist ({shared}) each process runs only its share of the scenarios, so "
@@ -71,11 +72,13 @@ def pytest_configure(config):
 
 
 def _values(config):
-    """Each option's value: the command line's, else the project's [tool.bench_core] setting, else its default."""
+    """Each option's value (the command line's, else the project's [tool.bench_core] setting, else its default),
+    and the project's settings."""
     from bench_core.files.project_config import read_table
 
     path = Path(str(config.rootpath)) / "pyproject.toml"
-    return opt.values(config.getoption, opt.settings(read_table(path), str(path)))
+    project = opt.settings(read_table(path), str(path))
+    return opt.values(config.getoption, project), project
 
 
 def _pytest_benchmark(config, values) -> dict:

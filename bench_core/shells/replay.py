@@ -4,6 +4,7 @@ mode), or run again as a whole by pytest in a fresh process (the stored gate's r
 request here; what pytest knows (its fixtures, its parameters, its file) is read here and nowhere else."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -16,6 +17,11 @@ from bench_core.core.errors import ScenarioError
 from bench_core.files import children, storage
 from bench_core.shells import options as opt
 from bench_core.workflows.side_by_side.capture import capture, instance_from
+
+
+# a fresh process that runs one test again (the gate's replication) names a pytest-benchmark test's scenario as the
+# session that started it did: {node id: scenario name}, since that name can depend on which tests were collected
+NAMES_ENV = "BENCH_CORE_PB_NAMES"
 
 
 def run_against(session, request, sizing, scenario, fn, kwargs):
@@ -188,7 +194,8 @@ def process_sides(session, request, name, path, function):
                 "threads": c.threads, "device": c.device, "argv": argv, "env": server_env(roots, c.malloc),
                 "signature": c.signature}
         spec = {"scenario": name, "file": str(file), "function": func,
-                "param_id": getattr(getattr(request.node, "callspec", None), "id", None)}
+                "param_id": getattr(getattr(request.node, "callspec", None), "id", None),
+                "cls": request.cls.__name__ if request.cls is not None else None}   # two classes, one method name
         return init, spec
     return {"candidate": side("candidate", loaded.current_root, Path(str(request.path)).resolve(),
                               request.function.__name__, sys.executable),
@@ -254,7 +261,9 @@ def replicator(session, request, name):
             argv = replica_command(session, request.node.nodeid, root, config.inipath, out, warmup,
                                    repeats) + forwarded_args(config)
             with storage.open_log(log_path) as log:
-                proc = children.start(argv, cwd=str(root), stdout=log, stderr=subprocess.STDOUT)
+                env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}   # forwarded in argv already
+                env[NAMES_ENV] = json.dumps({request.node.nodeid: name})   # named as here, whatever it collects
+                proc = children.start(argv, cwd=str(root), stdout=log, stderr=subprocess.STDOUT, env=env)
                 try:
                     code = proc.wait(timeout=limit)
                 except subprocess.TimeoutExpired:

@@ -55,13 +55,15 @@ def counts(marker: Mapping[str, Any], options: PbOptions) -> tuple[int | None, i
     notes = [f"{key}={marker[key]!r} not applied: {why}" for key, why in NOT_APPLIED.items() if key in marker]
     if marker.get("disable_gc") is False:
         notes.append("disable_gc=False not applied: bench_core pauses the garbage collector during samples")
-    warm = marker.get("warmup", options.warmup)
-    iterations = marker.get("warmup_iterations", options.warmup_iterations)
-    warmup = None if warm is None else 0 if not warm else iterations
-    rounds = marker.get("min_rounds", options.min_rounds)
     from bench_core.timing.counts import DEFAULT_REPEATS
 
+    rounds = marker.get("min_rounds", options.min_rounds)
     repeats = None if rounds is None else max(int(rounds), DEFAULT_REPEATS)
+    warm = marker.get("warmup", options.warmup)
+    iterations = marker.get("warmup_iterations", options.warmup_iterations)
+    # as there, warmup never outlasts the samples (pytest-benchmark caps it at its rounds)
+    warmup = None if warm is None else 0 if not warm else (
+        None if iterations is None else min(int(iterations), repeats or DEFAULT_REPEATS))
     return warmup, repeats, notes
 
 
@@ -122,8 +124,10 @@ class PbCalls:
             options["setup"] = call.prepare
         if iterations > 1:
             options.update(mode="block", block_size=iterations)
-        self.measurement = self._run(self.scenario(notes), call.step, **options)
-        call.finish()
+        try:
+            self.measurement = self._run(self.scenario(notes), call.step, **options)
+        finally:   # a failing gate, or side by side's capture, stops inside run: the last teardown still runs
+            call.finish()
         return call.last
 
     def weave(self, target, **kwargs):

@@ -11,7 +11,7 @@ line goes each way per step:
   (first line) init                    {"ready": pid, python, torch,   after collection
                                         malloc: {MALLOC_* variables}}
   {"cmd": "item", file, function,      {"reached": scenario}           the item's first run (fixtures, then the test)
-   param_id, scenario}                                                  up to its bench.run for that scenario
+   param_id, cls, scenario}                                            up to its bench.run for that scenario
   {"cmd": "go"}                        {"serving": scenario, pid,      there: the step warmed once (and counted, if
                                         fork, files: {path: sha256},    asked), one side's after the other's
                                         kept: [fixture], signature}
@@ -513,7 +513,9 @@ class Worker:
         """Each pass: per operator, self time per step (ms) and calls per step."""
         out = self._read("op_times")
         self.profiled_in = out.get("pid")
-        return [{op: (float(ms), int(n)) for op, (ms, n) in one.items()} for one in out["op_times"]]
+        passes = out["op_times"]
+        passes = [passes] if isinstance(passes, dict) else passes   # a server of an older bench_core: one pass
+        return [{op: (float(ms), int(n)) for op, (ms, n) in one.items()} for one in passes]
 
     def end_round(self) -> None:
         self.start_end()

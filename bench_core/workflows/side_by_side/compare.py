@@ -107,7 +107,8 @@ def open_revision(session, root: Path) -> None:
     from bench_core.workflows.side_by_side.revisions import LoadedRevision
 
     c = session.config   # its stored baselines and references are data, not code: they never make the tree dirty
-    session.revision = LoadedRevision(root, c.against.rev, data=(c.baselines_dir, c.references_dir))
+    own = [p if p.suffix == "" else p.parent for p in (c.results_dir, c.history) if p is not None]
+    session.revision = LoadedRevision(root, c.against.rev, data=(c.baselines_dir, c.references_dir, *own))
 
 
 def worker_pool(session):
@@ -222,7 +223,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                                                            f"{malloc}",
                              items, proof, None, None, looks, cold=cold,
                              signatures=lambda: _served_signatures(session, scenario.name, ran),
-                             explain=lambda: tuple(profiled) if profiled else ([], []),
+                             explain=lambda: tuple(profiled) if profiled else None,
                              instructions=lambda: count_instructions(session, scenario.name, sides))
     k, rounds = (a.quick_processes, 1) if quick else (a.processes, a.process_rounds)
     pairs = QUICK.pairs if quick else a.pairs
@@ -401,7 +402,9 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
         try:
             step = (c.candidate_median - c.baseline_median if None not in (c.candidate_median, c.baseline_median)
                     else None)
-            c = replace(c, moved=tuple(explained(*explain(), step_ms=step)))
+            passes = explain()
+            if passes is not None:   # None: a side could not be profiled, which the session says
+                c = replace(c, moved=tuple(explained(*passes, step_ms=step)))
         except Exception as exc:  # noqa: BLE001 - the verdict stands; the explanation says why it is missing
             session.uncounted.append(f"{scenario.name}: no profiler pass: {type(exc).__name__}: {exc}")
     session.comparisons.append(c)
