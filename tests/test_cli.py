@@ -251,3 +251,18 @@ def test_the_comment_workflows_script_takes_the_artifact_as_data(tmp_path):
     calls = _run_comment(tmp_path / "none", "3", None)
     assert calls == [["list", 3], ["create", 3, "<!-- bench_core report -->\nbench_core: the run left no report "
                                                 "(see its logs)."]]
+
+
+def test_the_cli_reads_the_projects_settings_as_the_plugin_does_and_its_own_flags_win(tmp_path, capsys,
+                                                                                      monkeypatch):
+    """A team's `[tool.bench_core] baselines = "perf/baselines"`: the failing gate's own next step (`bench-core
+    baseline list NAME`) must find the baseline there, run from the project or a folder below it."""
+    _save(tmp_path / "perf" / "baselines", "main", {"a": [10, 10.1, 9.9]}, seed=1)
+    (tmp_path / "pyproject.toml").write_text('[tool.bench_core]\nbaselines = "perf/baselines"\nwide = true\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["baseline", "list", "main"]) == EXIT_OK
+    assert len(capsys.readouterr().out.splitlines()) == 2 + 3   # its three runs, found where the project keeps them
+    assert main(["baseline", "list", "main", "--baselines", str(tmp_path / "elsewhere")]) == EXIT_BAD_INPUT
+    (tmp_path / "pyproject.toml").write_text("[tool.bench_core]\nbaseline = 'x'\n")
+    assert main(["baseline", "list", "main"]) == EXIT_BAD_INPUT
+    assert "[tool.bench_core] baseline: not a setting (did you mean 'baselines'?)" in capsys.readouterr().err

@@ -37,6 +37,18 @@ def _load(arg: str, baselines: Path):
     return storage.load_baseline(baselines, arg)  # a bare name means a stored baseline
 
 
+def _project_settings(start: Path) -> dict:
+    """The [tool.bench_core] settings of the nearest pyproject.toml at or above `start` (the project the command
+    is run in), as the plugin reads them; {} where there is none."""
+    from bench_core.files.project_config import read_table
+
+    for folder in (start, *start.parents):
+        path = folder / "pyproject.toml"
+        if path.is_file():
+            return opt.settings(read_table(path), str(path))
+    return {}
+
+
 def _value(ns):
     """An option's value by its pytest flag (the shared declaration's key); a CLI-less option was not given."""
     return lambda flag: getattr(ns, opt.BY_FLAG[flag].dest, None)
@@ -280,6 +292,11 @@ def main(argv=None) -> int:
         return int(exc.code or 0)
     if passed:
         ns.pytest_args = passed
+    try:
+        opt.fill(ns, _project_settings(Path.cwd()))
+    except (BenchError, ValueError) as exc:
+        print(f"bench_core: unusable input: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return ns.func(ns)
     except BrokenPipeError:   # `bench-core show main | head`: the reader had enough, which is no error

@@ -334,10 +334,20 @@ def project_defaults(project: dict[str, Any]) -> dict[str, Any]:
 
 
 def add_to_cli(parser, *flags: str) -> None:
-    """The shared options `flags` (pytest names), under their CLI names."""
+    """The shared options `flags` (pytest names), under their CLI names, with no default of their own: `fill`
+    gives what was not given, from the project's settings and then the option's default, as the plugin does."""
     for flag in flags:
         o = BY_FLAG[flag]
-        parser.add_argument(o.cli, **o.kwargs())
+        parser.add_argument(o.cli, **o.kwargs(given_only=True))
+
+
+def fill(ns, project: dict[str, Any]) -> None:
+    """A parsed CLI namespace completed as the plugin completes its options: each shared option the command line
+    did not give takes the project's setting, else its default."""
+    value = values(lambda dest: getattr(ns, dest, None), project)
+    for o in OPTIONS:
+        if o.cli and hasattr(ns, o.dest):
+            setattr(ns, o.dest, value(o.flag))
 
 
 Values = Callable[[str], Any]   # an option's value by its pytest flag, from either shell
