@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 from bench_core.shells import options as opt
-from bench_core.shells.replay import NAMES_ENV, pb_metadata
+from bench_core.shells.replay import NAMES_ENV
 from bench_core.workflows.adopted import PbCalls, PbOptions, plain
 
 try:   # pytest-benchmark checks that its fixture's value is its own type
@@ -120,13 +120,13 @@ class Adoption:
         node = request.node
         marker = node.get_closest_marker("benchmark")
         fixture = AdoptedBenchmark(node, self.names.get(node.nodeid, node.name),
-                                   BenchFixture(self.session, request).run, pb_metadata(request),
+                                   BenchFixture(self.session, request).run, metadata(request),
                                    dict(marker.kwargs) if marker else {}, self.options)
         self.fixtures[node.nodeid] = fixture
         with isolated(self.session, request):
             yield fixture
         if fixture.extra_info and fixture.measurement is not None:
-            self.session.annotate(fixture.measurement.name, extra_info=plain_info(fixture.extra_info))
+            self.session.annotate(fixture.measurement.name, extra_info=plain(fixture.extra_info))
 
     def pytest_sessionstart(self, session):
         """--benchmark-json is written from bench_core's samples (by the session's reporters), not by
@@ -168,6 +168,20 @@ class Adoption:
         return self.header
 
 
+def metadata(request) -> dict:
+    """What a pytest-benchmark test's scenario records of its test: its parameters, the device and dtype it was
+    given, and the test itself (informational)."""
+    node = request.node
+    spec = getattr(node, "callspec", None)
+    out: dict = {"test": node.nodeid}
+    if spec is not None:
+        out["params"] = {k: plain(v) for k, v in spec.params.items()}
+    for name in ("device", "dtype"):
+        if name in node.fixturenames:
+            out[f"test_{name}"] = plain(request.getfixturevalue(name))
+    return out
+
+
 class LeftAlone:
     """`--bench-pb-fixture leave`: pytest-benchmark measures its tests itself, and each one that ran is counted
     as not measured by bench_core."""
@@ -181,10 +195,6 @@ class LeftAlone:
         if call.when == "call" and report.passed and "benchmark" in getattr(item, "fixturenames", ()):
             self.session.not_measured(item.nodeid, f"measured by pytest-benchmark, not bench_core "
                                                    f"({opt.PB_FIXTURE} leave)")
-
-
-def plain_info(info) -> dict:
-    return {str(k): plain(v) if not isinstance(v, dict) else plain_info(v) for k, v in info.items()}
 
 
 def register(config, session, gated: bool) -> None:

@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from bench_core.core.errors import ScenarioError
+from bench_core.core.scenario import thaw
 from bench_core.files import children, storage
 from bench_core.shells import options as opt
 from bench_core.workflows.side_by_side.capture import capture, instance_from
@@ -35,7 +36,8 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
                                   f"gate; side by side ({opt.AGAINST}) does not apply them, so it is not compared: "
                                   f"gate it against a stored baseline ({opt.COMPARE})")
     value_of = fixture_values(request)
-    described = pb_metadata(request)
+    # a pytest-benchmark test's scenario records what its test was given: the revision's capture records the same
+    described = thaw(scenario.metadata) if "benchmark" in request.fixturenames else None
 
     def rebuild(_round):
         return capture(request.function, value_of, sizing, "current tree", name, described)
@@ -72,24 +74,6 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
                                proof=loaded.proof(request.path, request.function, theirs),
                                clock=kwargs.get("clock"), backend=kwargs.get("backend"),
                                servers=lambda: process_sides(session, request, name, path, function))
-
-
-def pb_metadata(request) -> dict | None:
-    """What a pytest-benchmark test's scenario records of its test (None for a `bench` test): its parameters,
-    the device and dtype it was given, and the test itself (informational)."""
-    if "benchmark" not in request.fixturenames:
-        return None
-    from bench_core.workflows.adopted import plain
-
-    node = request.node
-    spec = getattr(node, "callspec", None)
-    out: dict = {"test": node.nodeid}
-    if spec is not None:
-        out["params"] = {k: plain(v) for k, v in spec.params.items()}
-    for name in ("device", "dtype"):
-        if name in node.fixturenames:
-            out[f"test_{name}"] = plain(request.getfixturevalue(name))
-    return out
 
 
 def fixture_values(request):

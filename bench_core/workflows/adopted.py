@@ -39,12 +39,14 @@ class PbOptions:
 
 
 def plain(value: Any) -> Any:
-    """A parameter's value as JSON can keep it: numbers, strings and booleans as they are, the rest as text
-    (a torch dtype, a device)."""
+    """A parameter's value (or a test's `extra_info`) as JSON can keep it: numbers, strings and booleans as they
+    are, lists and mappings item by item, the rest as text (a torch dtype, a device)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
     return str(value)
 
 
