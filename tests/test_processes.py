@@ -397,7 +397,9 @@ def test_step(bench):
 def test_a_slower_verdict_in_process_mode_gets_a_profiler_pass_in_each_sides_own_process(pytester):
     """Process mode's slower verdict (decided on the fake clock) is followed by profiler passes of each side in
     fresh rounds of its own server: the revision's 1 matmul per step against the tree's 16, with calls per step."""
-    pytester.makeconftest(CONFTEST)
+    from test_fidelity import COUNTED_OP_TIMES
+
+    pytester.makeconftest(COUNTED_OP_TIMES)
     pytester.makepyfile(test_p=MATMULS.format(ms=1.0, n=1))
     commit_all(pytester.path)
     # sixteen matmuls against one: a move no preempted pass hides, and a fake step that moves by more than they take

@@ -526,10 +526,10 @@ def test_a_compiled_steps_cold_start_is_split_into_tracing_and_compilation():
 def test_a_stored_baselines_slower_verdict_says_where_the_time_moved(pytester):
     """With the work signature, each result keeps one profiler pass's time per operator, so a later run called
     slower against that baseline (on the fake clock) names the operators whose time moved, with their calls."""
-    from test_fidelity import CONFTEST
-    from test_processes import MATMULS as body   # 1 or 4 matmuls a step, its time on the fake clock
+    from test_fidelity import COUNTED_OP_TIMES
+    from test_processes import MATMULS as body   # 1 or 16 matmuls a step, its time on the fake clock
 
-    pytester.makeconftest(CONFTEST)
+    pytester.makeconftest(COUNTED_OP_TIMES)
     pytester.makepyfile(test_s=body.format(ms=1.0, n=1))
     for extra in ([], ["--bench-append"], ["--bench-append"]):   # each run keeps its profiler pass
         pytester.runpytest("--bench-save", "main", "--bench-signature", "--bench-no-out",
