@@ -78,7 +78,131 @@ class SessionConfig:
     concurrent: str | None = None      # why this process shares its cores with other tests (pytest-xdist): refused
 
 
-class BenchSession:
+@dataclass(frozen=True)
+class NotCounted:
+    """Something asked of a scenario that could not be done (a count, a profiler pass): said under the tables,
+    never an error."""
+
+    scenario: str
+    what: str                   # "FLOPs not counted", "no profiler pass", ...
+    why: str = ""
+    side: str | None = None     # side by side: which side's process
+
+    def said(self) -> str:
+        return f"{self.scenario}{f' ({self.side})' if self.side else ''}: {self.what}" + (
+            f": {self.why}" if self.why else "")
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """One scenario decided side by side: its comparison, the rounds it ran, and each side's proof of its code."""
+
+    scenario: str
+    comparison: Comparison
+    rounds: tuple[dict, ...]
+    code: Mapping[str, Any]
+
+    def to_dict(self) -> dict:
+        rounds = list(self.rounds)
+        return {"scenario": self.scenario, "comparison": self.comparison.to_dict(), "method": self.comparison.method,
+                "rounds": rounds[0] if len(rounds) == 1 else rounds, "code": dict(self.code)}
+
+
+class Ledger:
+    """What a session measured, decided and could not do, for the reports. The workflows record into it through
+    these methods only; everyone else reads the views (tuples: nothing outside appends to them)."""
+
+    def __init__(self):
+        self._results: list[Measurement] = []
+        self._errors: list[tuple[str, str]] = []
+        self._comparisons: list[Comparison] = []
+        self._decisions: list[tuple[str, Any]] = []     # (name, workflows.ab.ABResult)
+        self._profiles: list[Any] = []                  # workflows.diagnose ProfileResults, never mixed into results
+        self._replicas: dict[str, list[Measurement]] = {}   # the gate's fresh-process runs, by scenario
+        self._not_counted: list[NotCounted] = []
+        self._side_by_side: list[SideBySide] = []
+        self._one_side: list[tuple[str, str]] = []      # scenarios measured on one side only, and why
+        self._new: set[str] = set()                     # of those, the ones the other side never had
+        self._unmeasured: list[tuple[str, str]] = []    # tests that timed something bench_core did not, and why
+        self._leaks: list[tuple[str, list[str]]] = []   # (test, what it left changed or running), undone since
+
+    # -- the views ------------------------------------------------------------------------------
+    results = property(lambda self: tuple(self._results))
+    errors = property(lambda self: tuple(self._errors))
+    comparisons = property(lambda self: tuple(self._comparisons))
+    decisions = property(lambda self: tuple(self._decisions))
+    profiles = property(lambda self: tuple(self._profiles))
+    replicas = property(lambda self: dict(self._replicas))
+    one_side = property(lambda self: tuple(self._one_side))
+    new = property(lambda self: frozenset(self._new))
+    unmeasured = property(lambda self: tuple(self._unmeasured))
+    leaks = property(lambda self: tuple(self._leaks))
+    side_by_side = property(lambda self: tuple(self._side_by_side))
+
+    @property
+    def uncounted(self) -> list[str]:
+        return [n.said() for n in self._not_counted]
+
+    # -- recording ------------------------------------------------------------------------------
+    def record_result(self, m: Measurement) -> None:
+        self._results.append(m)
+
+    def record_comparison(self, c: Comparison, replicas: list[Measurement] | None = None) -> None:
+        """A stored gate's comparison (with the fresh-process runs it took, if any)."""
+        self._comparisons.append(c)
+        if replicas:
+            self._replicas[c.name] = list(replicas)
+
+    def record_side_by_side(self, c: Comparison, rounds: list[dict], code: Mapping[str, Any] | None) -> None:
+        self._comparisons.append(c)
+        self._side_by_side.append(SideBySide(c.name, c, tuple(rounds), dict(code or {})))
+
+    def record_decision(self, name: str, result: Any) -> None:
+        """An A/B decision (`workflows.ab.ABResult`)."""
+        self._decisions.append((name, result))
+
+    def record_profile(self, profile: Any) -> None:
+        self._profiles.append(profile)
+
+    def not_counted(self, scenario: str, what: str, why: str = "", side: str | None = None) -> None:
+        self._not_counted.append(NotCounted(scenario, what, why, side))
+
+    def not_compared(self, name: str, why: str, new: bool = False) -> None:
+        """A scenario measured on one side only: said in the report and counted in the outcome, never passed
+        over. `new`: the other side never had it (not a failure, even under --bench-strict)."""
+        self._one_side.append((name, why))
+        if new:
+            self._new.add(name)
+
+    def not_measured(self, test: str, why: str) -> None:
+        """A test that timed something outside bench_core (pytest-benchmark left to itself, a fixture it never
+        called): counted in the outcome, and failed under --bench-strict, never passed over as measured."""
+        self._unmeasured.append((test, why))
+
+    def annotate(self, name: str, **metadata: Any) -> None:
+        """What a test said about its scenario after measuring it (pytest-benchmark's `extra_info`), added to
+        its result's informational metadata."""
+        from dataclasses import replace
+
+        self._results[:] = [replace(m, scenario=m.scenario.with_metadata(**metadata)) if m.name == name else m
+                            for m in self._results]
+
+    def failed_to_compare(self, name: str) -> str | None:
+        """Why scenario `name` was measured here but not compared, when it should have been (None: it was
+        compared, or it is new)."""
+        return next((why for n, why in self.one_side if n == name and n not in self.new), None)
+
+    def left_changed(self, test: str, what: list[str]) -> None:
+        """A test that left process-wide state changed or a process running (undone since): named in the report."""
+        self._leaks.append((test, what))
+
+    def record_error(self, name: str, problem: str) -> None:
+        """A scenario's failure, once, however many layers saw it."""
+        if not any(n == name for n, _ in self.errors):
+            self._errors.append((name, problem))
+
+
+class BenchSession(Ledger):
     def __init__(self, config: SessionConfig, environment: Mapping[str, Any],
                  measure_fn: Callable[..., Measurement] = measure):
         if config.against is not None and (config.compare is not None or config.save is not None):
@@ -94,19 +218,7 @@ class BenchSession:
         self._measure = measure_fn
         self.progress = None                          # a progress.Progress, when someone is watching
         self.family_size: int | None = None           # scenarios in this session, once collection knows
-        # the ledger: everything the session measured, decided and could not do, for the reports
-        self.results: list[Measurement] = []
-        self.errors: list[tuple[str, str]] = []
-        self.comparisons: list[Comparison] = []
-        self.decisions: list[tuple[str, Any]] = []   # (name, ABResult)
-        self.profiles: list[Any] = []                 # diagnose ProfileResults, never mixed into results
-        self.replicas: dict[str, list[Measurement]] = {}   # the gate's fresh-process runs, by scenario
-        self.uncounted: list[str] = []                # why a step's FLOPs could not be counted (not an error)
-        self.against_records: list[dict] = []         # side by side, per scenario: rounds, both sides' code, decision
-        self.one_side: list[tuple[str, str]] = []     # scenarios measured on one side only, and why
-        self.new: set[str] = set()                    # of those, the ones the other side never had
-        self.unmeasured: list[tuple[str, str]] = []   # tests that timed something bench_core did not, and why
-        self.leaks: list[tuple[str, list[str]]] = []  # (test, what it left changed or running), undone since
+        Ledger.__init__(self)
         self.cache_checked = False                    # the cold-cache self-check ran (on the first cold scenario)
         # what the comparisons are against: a stored baseline, or another revision (and its worker processes)
         self.baseline: dict[str, list[Measurement]] | None = None
@@ -142,10 +254,10 @@ class BenchSession:
             return self._measure(fn, scenario=scenario, device=self.config.device, warmup=w, repeats=r,
                                  threads=self.config.threads, environment=self.environment, **kwargs)
         except ScenarioError as exc:
-            self.errors.append((scenario.name, exc.problem))
+            self.record_error(scenario.name, exc.problem)
             raise
         except TypeError as exc:  # a wrong keyword from the benchmark itself
-            self.errors.append((scenario.name, str(exc)))
+            self.record_error(scenario.name, str(exc))
             raise ScenarioError(scenario.name, str(exc)) from exc
 
     def gpu_modes(self, scenario: Scenario) -> tuple[str | None, bool]:
@@ -184,44 +296,10 @@ class BenchSession:
         before any is taken."""
         self.family_size = scenarios
 
-    def not_compared(self, name: str, why: str, new: bool = False) -> None:
-        """A scenario measured on one side only: said in the report and counted in the outcome, never passed
-        over. `new`: the other side never had it (not a failure, even under --bench-strict)."""
-        self.one_side.append((name, why))
-        if new:
-            self.new.add(name)
-
-    def not_measured(self, test: str, why: str) -> None:
-        """A test that timed something outside bench_core (pytest-benchmark left to itself, a fixture it never
-        called): counted in the outcome, and failed under --bench-strict, never passed over as measured."""
-        self.unmeasured.append((test, why))
-
-    def annotate(self, name: str, **metadata: Any) -> None:
-        """What a test said about its scenario after measuring it (pytest-benchmark's `extra_info`), added to
-        its result's informational metadata."""
-        from dataclasses import replace
-
-        self.results[:] = [replace(m, scenario=m.scenario.with_metadata(**metadata)) if m.name == name else m
-                        for m in self.results]
-
-    def failed_to_compare(self, name: str) -> str | None:
-        """Why scenario `name` was measured here but not compared, when it should have been (None: it was
-        compared, or it is new)."""
-        return next((why for n, why in self.one_side if n == name and n not in self.new), None)
-
     def nothing_compared(self) -> bool:
         """A gated session in which no scenario at all was compared: it fails, whatever else it did (every test
         skipped, deselected or left to another plugin included): a gate is never green over nothing."""
         return self.compared_with is not None and not any(c.verdict != NEW for c in self.comparisons)
-
-    def left_changed(self, test: str, what: list[str]) -> None:
-        """A test that left process-wide state changed or a process running (undone since): named in the report."""
-        self.leaks.append((test, what))
-
-    def record_error(self, name: str, problem: str) -> None:
-        """A scenario's failure, once, however many layers saw it."""
-        if not any(n == name for n, _ in self.errors):
-            self.errors.append((name, problem))
 
     # -- routing to the workflows ------------------------------------------------------------------
     def run(self, scenario: Scenario, fn: Callable[[], Any], *,

@@ -92,7 +92,7 @@ def test_a_step_the_counter_cannot_run_is_not_counted_and_says_why_without_faili
         if len(calls) > 4:
             raise RuntimeError("only four calls allowed")
     m, _ = s.run(Scenario("fragile", ("forward",)), step)
-    assert m.work is None and s.errors == []
+    assert m.work is None and s.errors == ()
     text = " ".join(dict(s.summary_sections())["bench_core work and utilization (counted FLOPs)"].split())
     assert "fragile not counted" in text and "fragile: FLOPs not counted: RuntimeError: only four calls allowed" in text
 

@@ -110,7 +110,7 @@ def _side_by_side() -> dict:
     s.family_size = 1
     cand = build("candidate", 5.4)
     s.run_against(Scenario("s", ("compute",)), cand(0), cand, build("baseline", 5.0), clock=clock)
-    return {"comparisons": [_comparison(c) for c in s.comparisons], "rounds": s.against_records[0]["rounds"],
+    return {"comparisons": [_comparison(c) for c in s.comparisons], "rounds": s.side_by_side[0].to_dict()["rounds"],
             **_texts(s)}
 
 
@@ -123,7 +123,8 @@ def _ab() -> dict:
         return lambda: (lambda k=float(np.exp(rng.normal(0, 0.005))): clock.advance_ms(ms * k))
     rounds = ab_rounds(factory(2.1), factory(2.0), clock=clock, name="rounds")
     s = BenchSession(SessionConfig(results_dir=None), ENV)
-    s.decisions += [("plain", plain), ("rounds", rounds)]
+    s.record_decision("plain", plain)
+    s.record_decision("rounds", rounds)
     keep = ("verdict", "speedup", "ci_low", "ci_high", "p_value", "reason")
     return {name: {k: getattr(r, k) for k in keep} for name, r in s.decisions} | _texts(s)
 

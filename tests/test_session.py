@@ -64,7 +64,7 @@ def test_a_slow_first_process_is_replicated_away(tmp_path):
     assert c.verdict != "slower" and not s.fails(c)
     assert c.candidate_runs == 1 + len(calls) >= 3 and calls[0] == (0, 10)   # the session's own counts
     assert "2 fresh process(es)" in c.method or "4 fresh process(es)" in c.method
-    assert s.results == [m] and m.repeats == 10      # the kept result is this process's own
+    assert s.results == (m,) and m.repeats == 10      # the kept result is this process's own
     assert [r.summary.median for r in s.replicas["a"]] == [2.02] * len(calls)
 
 

@@ -467,7 +467,7 @@ def sequential(seed, cand_ms, rounds=4, max_rounds=12, sd=0.03):
     b = builders(clock, 5.0, cand_ms, bias=lambda s, r: biases[(s, r)])
     s = against_session(rounds, max_rounds)
     m, c = s.run_against(Scenario("s", ("compute",)), b["candidate"](0), b["candidate"], b["baseline"], clock=clock)
-    return c, s.against_records[0]
+    return c, s.side_by_side[0].to_dict()
 
 
 def test_a_possible_change_runs_on_to_later_looks_and_is_decided_there():

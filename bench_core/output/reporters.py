@@ -4,6 +4,7 @@ plots, the baseline run) and returns the line that says where. `finish` gives ev
 one that fails (a read-only folder, a full disk) loses nothing else, and each failure names its file."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 from bench_core.files import storage
@@ -13,26 +14,26 @@ Reporter = Callable[..., str]
 INTERRUPTED = "the session was interrupted"   # a part of a run: kept in its session file, never in the history
 
 
-def session_file(s, run) -> str:
+def session_file(s, run, written: dict) -> str:
+    """The session file; its path kept in `written` for the history's record of where the run came from."""
     against = None
     if s.revision is not None:
         against = {"baseline": s.revision.revision.to_dict(), "current": s.revision.current.to_dict(),
-                   "scenarios": s.against_records,
+                   "scenarios": [r.to_dict() for r in s.side_by_side],
                    "one_side": [{"scenario": n, "note": t} for n, t in s.one_side]}
     p = storage.write_session(s.config.results_dir, s.results, s.environment, (),
                               [c.to_dict() for c in s.comparisons], against=against, replicas=s.replicas, run=run)
-    s.session_path = p
+    written["session"] = p
     return f"results written to {p}"
 
 
-def history_record(s, run) -> str:
+def history_record(s, run, source: Path | None) -> str:
     """This session's run appended to the history store (the same run_id as its session file, so importing the
     file later adds nothing)."""
     from bench_core.files import git, history
 
     branch = git.output(s.config.history.parent, "rev-parse", "--abbrev-ref", "HEAD")
-    source = str(getattr(s, "session_path", "") or "") or None
-    added = history.record_session(s.config.history, run, source, branch)
+    added = history.record_session(s.config.history, run, None if source is None else str(source), branch)
     return f"history: this run {'added to' if added else 'already in'} {s.config.history}"
 
 
@@ -93,12 +94,13 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
     if not s.results and not s.errors and not s.decisions:
         return lines, failures
     reporters: list[Reporter] = []
+    written: dict[str, Path] = {}
     run = storage.run_doc(s.results, s.environment, [{"scenario": n, "problem": p} for n, p in s.errors])
     if s.config.results_dir is not None:
-        reporters += [lambda s: session_file(s, run), *(decision_record(name, res) for name, res in s.decisions)]
+        reporters += [lambda s: session_file(s, run, written), *(decision_record(name, res) for name, res in s.decisions)]
     if s.config.history is not None and s.results and not s.config.quick:
         reporters.append((lambda s: f"history: this run NOT added to {s.config.history}: {incomplete}")
-                         if incomplete == INTERRUPTED else lambda s: history_record(s, run))
+                         if incomplete == INTERRUPTED else lambda s: history_record(s, run, written.get("session")))
     if s.config.pb_json is not None:
         reporters.append(pytest_benchmark_json)
     if s.config.markdown is not None:

@@ -101,10 +101,10 @@ def comparison_lines(s) -> list[str]:
         for method, names in methods.items():   # one mode for all, or each mode with the scenarios it ran
             lines.append(method if len(methods) == 1 else f"{method}: {', '.join(names)}")
         why: dict[str, list[str]] = {}   # one reason, said once, with the scenarios it sent to processes
-        for rec in s.against_records:
-            reason = (rec.get("code") or {}).get("why_processes")
+        for rec in s.side_by_side:
+            reason = rec.code.get("why_processes")
             if reason and not reason.startswith("asked for"):   # asked for: the method line says so already
-                why.setdefault(reason, []).append(rec["scenario"])
+                why.setdefault(reason, []).append(rec.scenario)
         for reason, names in why.items():
             who = names[0] if len(names) == 1 else f"{len(names)} scenarios ({', '.join(names)})"
             lines.append(f"{who}: each side in a process of its own: {reason}")

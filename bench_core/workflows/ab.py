@@ -277,7 +277,7 @@ def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[
         res = decide(baseline, candidate, device=session.config.device, correctness=validation, state_hash=state_hash,
                      environment=session.environment, name=name, **kwargs)
     except ScenarioError as exc:
-        session.errors.append((name, exc.problem))
+        session.record_error(name, exc.problem)
         raise
     if session.config.count_flops:  # after the A/B, profiler-free: one more step of each side, counted
         res = replace(res, flops=count_sides(session, name, {"baseline": baseline, "candidate": candidate},
@@ -289,5 +289,5 @@ def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[
                 if res.candidate_ms and res.baseline_ms else None)
         res = replace(res, moved=explain_sides(session, name, baseline, candidate, factories=rounds is not None,
                                                step_ms=step))
-    session.decisions.append((name, res))
+    session.record_decision(name, res)
     return res

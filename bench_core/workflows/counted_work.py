@@ -17,7 +17,7 @@ def count_work(session, m: Measurement, fn: Callable[[], Any], setup: Callable[[
     try:
         work = count(fn, setup)
     except Exception as exc:  # noqa: BLE001 - a step the counter cannot run is not counted, and says why
-        session.uncounted.append(f"{m.name}: FLOPs not counted: {type(exc).__name__}: {exc}")
+        session.not_counted(m.name, "FLOPs not counted", f"{type(exc).__name__}: {exc}")
         return m
     measure_cpu_roofs(session)
     return replace(m, work=work.to_dict())
@@ -39,7 +39,7 @@ def each_side(session, name: str, sides: dict[str, Callable[[], Any]], factories
         try:
             counted[side] = counter(fn() if factories else fn)
         except Exception as exc:  # noqa: BLE001 - not counted, and says why; the A/B stands
-            session.uncounted.append(f"{name} ({side}): {what} not counted: {type(exc).__name__}: {exc}")
+            session.not_counted(name, f"{what} not counted", f"{type(exc).__name__}: {exc}", side)
     return counted
 
 
@@ -67,7 +67,7 @@ def count_op_times(session, m: Measurement, fn: Callable[[], Any], setup: Callab
     try:
         return replace(m, op_times=op_times(fn, setup, device=session.config.device))
     except Exception as exc:  # noqa: BLE001 - not taken, and says why
-        session.uncounted.append(f"{m.name}: no profiler pass: {type(exc).__name__}: {exc}")
+        session.not_counted(m.name, "no profiler pass", f"{type(exc).__name__}: {exc}")
         return m
 
 
@@ -77,8 +77,7 @@ def signature_of(session, name: str, fn: Callable[[], Any], setup: Callable[[], 
     try:
         return record(fn, setup)
     except Exception as exc:  # noqa: BLE001 - not counted, and says why
-        session.uncounted.append(f"{name}{f' ({side})' if side else ''}: work signature not counted: "
-                                 f"{type(exc).__name__}: {exc}")
+        session.not_counted(name, "work signature not counted", f"{type(exc).__name__}: {exc}", side or None)
         return None
 
 
@@ -97,8 +96,8 @@ def with_facts(session, c, base, cand, scenario=None):
     no_growth = tuple(dict.fromkeys(session.config.no_growth + (scenario.no_growth if scenario else ())))
     if c is not None and no_growth and (base is None or cand is None):
         which = "the baseline's" if base is None else "this run's"
-        session.uncounted.append(f"{c.name}: {', '.join(no_growth)} not checked for growth: {which} work signature "
-                                 f"was not counted")
+        session.not_counted(c.name, f"{', '.join(no_growth)} not checked for growth",
+                            f"{which} work signature was not counted")
     return attach(c, base, cand, no_growth)
 
 

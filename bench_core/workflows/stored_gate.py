@@ -41,11 +41,11 @@ def run(session, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs)
         if not session.config.quick:            # and where its time goes, for a later verdict's explanation
             first = count_op_times(session, first, fn, kwargs.get("setup"))
     if session.config.instructions:
-        session.uncounted.append(f"{scenario.name}: instructions not counted: they are counted side by side "
-                                 f"(--bench-against), where each side has a process of its own")
+        session.not_counted(scenario.name, "instructions not counted", "they are counted side by side "
+                            "(--bench-against), where each side has a process of its own")
     counts = session.counts(kwargs.get("warmup"), kwargs.get("repeats"))
     m, c = gate(session, first, None if replicate is None else lambda: replicate(*counts))
-    session.results.append(m)
+    session.record_result(m)
     if session.config.profile is not None:
         from bench_core.workflows.diagnose.passes import diagnose_after
 
@@ -104,7 +104,5 @@ def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = 
     c = replace(c, method=method, reason="; ".join([c.reason, *why_not]))
     c = with_facts(session, c, latest(base), m.signature, m.scenario)   # against the latest baseline run's
     c = _explained(c, base, runs)
-    if extra:
-        session.replicas[m.name] = runs[1:]
-    session.comparisons.append(c)
+    session.record_comparison(c, replicas=runs[1:])
     return m, c

@@ -22,7 +22,7 @@ def diagnose_after(session, m: Measurement, fn: Callable[[], Any], setup: Callab
     peak = peak_flops_for(m, session.environment, session.config.peak_tflops)
     roof = () if m.work is None else tuple(roofline_hypotheses(m.work, m.summary.median / 1e3, peak,
                                                                bandwidth_for(m, session.environment)))
-    session.profiles.append(profile(m.name, fn, session.config.profile, setup=setup, peak_flops=peak, extra=roof))
+    session.record_profile(profile(m.name, fn, session.config.profile, setup=setup, peak_flops=peak, extra=roof))
 
 
 def profile_distributed(session, name: str, spec: Mapping[str, Any], topology) -> None:
@@ -40,7 +40,7 @@ def profile_distributed(session, name: str, spec: Mapping[str, Any], topology) -
         rows = tuple(Hypothesis(**h) for h in p["hypotheses"])
         if r["rank"] == 0:   # the ranks' joint rows once, with rank 0's report
             rows += tuple(together)
-        session.profiles.append(ProfileResult(p["scenario"], None if p["trace"] is None else Path(p["trace"]),
+        session.record_profile(ProfileResult(p["scenario"], None if p["trace"] is None else Path(p["trace"]),
                                               p["redaction"], p["table"], f, rows, p["refused"]))
     if together:
         clean, _ = redact([h.to_dict() for h in together])

@@ -45,9 +45,9 @@ def run_distributed(session, scenario: Scenario, build: Callable, *, nproc: int 
     except ScenarioError as exc:
         session.record_error(scenario.name, exc.problem)
         raise
-    session.results.append(m)
+    session.record_result(m)
     if session.config.count_flops:
-        session.uncounted.append(f"{scenario.name}: FLOPs not counted: distributed scenarios are not counted yet")
+        session.not_counted(scenario.name, "FLOPs not counted", "distributed scenarios are not counted yet")
     if session.config.profile is not None:   # after the measurement, in a launch of its own
         from bench_core.workflows.diagnose.passes import profile_distributed
 
@@ -62,7 +62,7 @@ def rank_spec(session, name: str, build: Callable, topology, params: Mapping[str
         backend = preflight(name, topology, session.config.device)
         file, function = builder_location(name, build)
     except ScenarioError as exc:
-        session.errors.append((name, exc.problem))
+        session.record_error(name, exc.problem)
         raise
     return {"scenario": name, "builder_file": file, "builder": function,
             # this process's import path: a builder imports what the benchmark file imports
@@ -90,7 +90,7 @@ def ab_distributed(session, name: str, build: Callable, baseline: Mapping[str, A
     try:
         doc = launcher.run_ranks(name, spec, topology, session.config.timeout_s)
     except ScenarioError as exc:
-        session.errors.append((name, exc.problem))
+        session.record_error(name, exc.problem)
         raise
     code = source_identity(build)
     res = ab_result(doc, alpha=alpha, min_effect=min_effect, environment=session.environment,
@@ -99,5 +99,5 @@ def ab_distributed(session, name: str, build: Callable, baseline: Mapping[str, A
                             "order": "random per pair; both sides built anew every round, in the same ranks"},
                     identities={"baseline": {**code, "params": dict(baseline)},
                                 "candidate": {**code, "params": dict(candidate)}})
-    session.decisions.append((name, res))
+    session.record_decision(name, res)
     return res

@@ -248,7 +248,7 @@ def _profile_served(session, name: str, servers) -> list:
         for side in ("baseline", "candidate"):
             times[side] = servers[side].profiled()
     except ScenarioError as exc:
-        session.uncounted.append(f"{name}: no profiler pass: {exc.problem}")
+        session.not_counted(name, "no profiler pass", exc.problem)
         return []
     return [times["baseline"], times["candidate"]]
 
@@ -274,8 +274,7 @@ def count_instructions(session, name: str, sides: Mapping[str, tuple[Mapping, Ma
     import shutil
 
     if shutil.which("valgrind") is None:
-        session.uncounted.append(f"{name}: instructions not counted: valgrind is not installed (e.g. apt install "
-                                 f"valgrind)")
+        session.not_counted(name, "instructions not counted", "valgrind is not installed (e.g. apt install valgrind)")
         return None, None
     pool = worker_pool(session)
     folder, reports = pool.scratch(), {}
@@ -284,12 +283,12 @@ def count_instructions(session, name: str, sides: Mapping[str, tuple[Mapping, Ma
     try:
         with_servers(spawn, 0, lambda servers: None, release=_release_to(pool, reports.__setitem__))
     except SideError as exc:
-        session.uncounted.append(f"{name}: instructions not counted: {exc.problem}")
+        session.not_counted(name, "instructions not counted", exc.problem)
         return None, None
     for side in ("baseline", "candidate"):
         if "instructions" not in reports.get(side, {}):
-            session.uncounted.append(f"{name} ({side}): instructions not counted: "
-                                     f"{reports.get(side, {}).get('instructions_error', 'its server did not count')}")
+            session.not_counted(name, "instructions not counted",
+                                reports.get(side, {}).get("instructions_error", "its server did not count"), side)
     return tuple(reports.get(side, {}).get("instructions") for side in ("baseline", "candidate"))
 
 
@@ -303,8 +302,8 @@ def _served_signatures(session, name: str, ran: Mapping[str, list]):
         if "signature" in report:
             out.append(Signature.from_dict(report["signature"]))
         else:
-            session.uncounted.append(f"{name} ({side}): work signature not counted: "
-                                     f"{report.get('signature_error', 'its server did not count it')}")
+            session.not_counted(name, "work signature not counted",
+                                report.get("signature_error", "its server did not count it"), side)
             out.append(None)
     return tuple(out)
 
@@ -367,7 +366,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
             res = sides(judge)
     except SideError as exc:
         if exc.side == "candidate":
-            session.errors.append((scenario.name, exc.problem))
+            session.record_error(scenario.name, exc.problem)
             raise ScenarioError(scenario.name, exc.problem) from exc
         session.not_compared(scenario.name, f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}")
         res = None
@@ -381,13 +380,13 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
 
     if res is not None and counts_signature(session, scenario):
         if signatures is None:
-            session.uncounted.append(f"{scenario.name}: work signature not counted in process mode")
+            session.not_counted(scenario.name, "work signature not counted in process mode")
         else:
             counted = signatures()
             if session.config.instructions:
                 counted = _with_instructions(session, scenario.name, counted, instructions)
             m = replace(m, signature=counted[1]) if counted[1] is not None else m
-    session.results.append(m)
+    session.record_result(m)
     if res is None:
         return m, None
     c = judge(res, m.timer)
@@ -406,18 +405,15 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
             if passes is not None:   # None: a side could not be profiled, which the session says
                 c = replace(c, moved=tuple(explained(*passes, step_ms=step)))
         except Exception as exc:  # noqa: BLE001 - the verdict stands; the explanation says why it is missing
-            session.uncounted.append(f"{scenario.name}: no profiler pass: {type(exc).__name__}: {exc}")
-    session.comparisons.append(c)
-    rounds = [r.to_dict() for r in (res if isinstance(res, list) else [res])]
-    session.against_records.append({"scenario": scenario.name, "comparison": c.to_dict(), "method": c.method,
-                                    "rounds": rounds[0] if len(rounds) == 1 else rounds, "code": dict(proof or {})})
+            session.not_counted(scenario.name, "no profiler pass", f"{type(exc).__name__}: {exc}")
+    session.record_side_by_side(c, [r.to_dict() for r in (res if isinstance(res, list) else [res])], proof)
     return m, c
 
 
 def _with_instructions(session, name, counted, instructions):
     """The two signatures with each side's host instructions per step, where both are counted."""
     if instructions is None:
-        session.uncounted.append(f"{name}: instructions not counted: this comparison has no process of each side")
+        session.not_counted(name, "instructions not counted", "this comparison has no process of each side")
         return counted
     counts = instructions()
     return tuple(sig if sig is None or n is None else replace(sig, instructions=n) for sig, n in zip(counted, counts))
