@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from bench_core.core.errors import ScenarioError, StorageError
+from bench_core.core.modes import GATE, GATED, PLAIN, REPLICA, SAVE, SERVE, SIDE_BY_SIDE
 from bench_core.core.records import Measurement
 from bench_core.core.scenario import Scenario
 from bench_core.deciding.gate import Comparison, GateConfig
@@ -76,6 +77,40 @@ class SessionConfig:
     pb_fixture: str = "adopt"          # pytest-benchmark's `benchmark` fixture: "adopt" (measured here) or "leave"
     group_by: str | None = None        # pytest-benchmark's --benchmark-group-by: a results table per group
     concurrent: str | None = None      # why this process shares its cores with other tests (pytest-xdist): refused
+
+    def __post_init__(self):
+        self.mode   # an impossible combination is refused now, before anything runs
+
+    @property
+    def mode(self) -> str:
+        """What this run does, as one value (a stored gate may also save the run it gates). Every combination
+        that cannot be run is refused here, and nowhere else."""
+        own = [flag for flag, on in (("--bench-serve", self.serve), ("--bench-replica", self.replica)) if on]
+        given = [flag for flag, on in (("--bench-against", self.against), ("--bench-compare", self.compare),
+                                       ("--bench-save", self.save is not None)) if on]
+        if own and len(own + given) > 1:
+            raise ValueError(f"{own[0]} is a process bench_core starts itself: it takes no {', '.join((own + given)[1:])}")
+        if self.against is not None and (self.compare is not None or self.save is not None):
+            raise ValueError("--bench-against compares two revisions in this run: it does not mix with a stored "
+                             "baseline (--bench-compare / --bench-save); use one or the other")
+        if self.concurrent and given:
+            raise ValueError(f"under pytest-xdist ({self.concurrent}) each process runs only its share of the "
+                             f"scenarios, so a baseline would be stored, or a gate decided, from a part of the suite: "
+                             f"run the benchmarks without -n when storing or gating")
+        if self.cache or self.graph:
+            flag = "--bench-cache" if self.cache else "--bench-graph"
+            if self.device == "cpu":
+                raise ValueError(f"{flag} is a GPU timing mode (the L2, CUDA graphs): add --gpu")
+            if self.against is not None:
+                raise ValueError(f"{flag} is taken by plain runs and the stored-baseline gate (--bench-compare); side "
+                                 f"by side (--bench-against) does not apply it")
+        return (SERVE if self.serve else REPLICA if self.replica else SIDE_BY_SIDE if self.against is not None else
+                GATE if self.compare is not None else SAVE if self.save is not None else PLAIN)
+
+    @property
+    def gated(self) -> bool:
+        """Whether this run stores or decides anything against another run (a part of the suite never may)."""
+        return self.mode in GATED
 
 
 @dataclass(frozen=True)
@@ -205,9 +240,6 @@ class Ledger:
 class BenchSession(Ledger):
     def __init__(self, config: SessionConfig, environment: Mapping[str, Any],
                  measure_fn: Callable[..., Measurement] = measure):
-        if config.against is not None and (config.compare is not None or config.save is not None):
-            raise ValueError("--bench-against compares two revisions in this run: it does not mix with a stored "
-                             "baseline (--bench-compare / --bench-save); use one or the other")
         if config.save is not None:  # a name given empty (an unset $BASELINE in CI) is an error, not "no save"
             path = storage.baseline_path(config.baselines_dir, config.save)
             if path.exists() and not config.append:  # fail before the run, not after minutes of it

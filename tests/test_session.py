@@ -1,4 +1,7 @@
 """BenchSession without pytest: counts, gating with replication in fresh processes, storage at the end."""
+import re
+from dataclasses import replace
+
 import pytest
 
 from bench_core import Scenario, StorageError
@@ -183,3 +186,25 @@ def test_a_machine_with_slow_processes_is_gated_on_two_levels_and_stored(tmp_pat
     stored = json.loads(open(line.removeprefix("results written to ")).read())["comparisons"][0]
     assert stored["verdict"] == "slower" and stored["df"] is None
     assert stored["slow_share"] == pytest.approx(0.2, abs=0.02)
+
+
+def test_a_run_has_one_mode_and_what_cannot_run_together_is_refused_by_the_config_itself(tmp_path):
+    from bench_core.core.modes import GATE, PLAIN, REPLICA, SAVE, SERVE, SIDE_BY_SIDE
+    from bench_core.workflows.side_by_side.compare import AgainstConfig
+
+    against = AgainstConfig(rev="HEAD~1")
+    assert SessionConfig().mode == PLAIN and SessionConfig(save="b").mode == SAVE
+    assert SessionConfig(compare="b", save="c").mode == GATE and SessionConfig(against=against).mode == SIDE_BY_SIDE
+    assert SessionConfig(serve=(3, 4)).mode == SERVE and SessionConfig(replica=tmp_path / "r.json").mode == REPLICA
+    assert SessionConfig(save="b").gated and not SessionConfig(replica=tmp_path / "r.json").gated
+    for kwargs, words in (({"against": against, "compare": "b"}, "does not mix with a stored baseline"),
+                          ({"serve": (3, 4), "compare": "b"}, "--bench-serve is a process bench_core starts itself"),
+                          ({"replica": tmp_path, "save": "b"}, "it takes no --bench-save"),
+                          ({"concurrent": "worker gw0", "compare": "b"}, "run the benchmarks without -n"),
+                          ({"cache": "cold"}, "--bench-cache is a GPU timing mode"),
+                          ({"device": "cuda", "graph": True, "against": against}, "side by side (--bench-against)")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            SessionConfig(**kwargs)
+    # and a config changed later is checked again: under xdist the plugin marks a gated run concurrent
+    with pytest.raises(ValueError, match="without -n"):
+        replace(SessionConfig(save="b"), concurrent="worker gw1")

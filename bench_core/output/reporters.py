@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from bench_core.core.modes import GATE, OWN, SIDE_BY_SIDE
 from bench_core.files import storage
 from bench_core.output.summary import plot_groups, shown
 
@@ -159,9 +160,9 @@ def next_steps(s, saved: bool, failed: bool) -> list[str]:
     """What a user can do with this run, for a session that was not gated: keep it, gate against it. Said only
     where it is true: nothing after a baseline that was not saved, or a write that failed."""
     c = s.config
-    if c.replica or c.serve:
+    if c.mode in OWN:
         return []
-    if c.compare or c.against:
+    if c.mode in (GATE, SIDE_BY_SIDE):
         return failing_steps(s)
     if not s.results or failed or (c.save and not saved):
         return []

@@ -478,13 +478,6 @@ def session_config(value: Values, root: Path, device: str, **extra):
             raise ValueError(f"{what} takes at least {MIN_REPEATS} samples (a spread needs two), got {repeats}")
         if warmup is not None and warmup < 0:
             raise ValueError(f"{WARMUP if what == REPEATS else what} takes a count of calls, 0 or more, got {warmup}")
-    if cfg.cache or cfg.graph:
-        mode = CACHE if cfg.cache else GRAPH
-        if device == "cpu":
-            raise ValueError(f"{mode} is a GPU timing mode (the L2, CUDA graphs): add --gpu")
-        if cfg.against is not None:
-            raise ValueError(f"{mode} is taken by plain runs and the stored-baseline gate ({COMPARE}); side by side "
-                             f"({AGAINST}) does not apply it")
     for flag, folder in ((OUT, cfg.results_dir), (BASELINES, cfg.baselines_dir), (PLOTS, cfg.plots),
                          (REFS, cfg.references_dir)):
         if folder is not None and folder.exists() and not folder.is_dir():   # found now, not after the measuring

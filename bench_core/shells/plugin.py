@@ -30,6 +30,7 @@ def pytest_configure(config):
         return
     from bench_core.core.errors import BenchError
     from bench_core.files.machine import fingerprint
+    from bench_core.core.modes import SERVE, SIDE_BY_SIDE
     from bench_core.session import BenchSession
     from bench_core.timing.devices import cuda_available
     from bench_core.workflows import worker
@@ -46,13 +47,9 @@ def pytest_configure(config):
         scfg = opt.session_config(values, root, device, **_pytest_benchmark(config, values),
                                   **opt.project_defaults(project))
         shared = xdist_share(config)
-        if shared and (scfg.save or scfg.compare or scfg.against):
-            raise ValueError(f"under pytest-xdist ({shared}) each process runs only its share of the scenarios, so "
-                             f"a baseline would be stored, or a gate decided, from a part of the suite: run the "
-                             f"benchmarks without -n when storing or gating")
         if shared:   # measurements taken beside other tests are refused, and nothing is written
             scfg = replace(scfg, concurrent=shared, results_dir=None, history=None, pb_json=None, markdown=None)
-        malloc = worker.settle_malloc(scfg.malloc, serving=scfg.serve is not None)
+        malloc = worker.settle_malloc(scfg.malloc, serving=scfg.mode == SERVE)
         session = BenchSession(scfg, {**fingerprint(device, root=str(root)), "malloc": malloc})
         if config.getoption("verbose") > -2:   # -qq silences it
             session.watch(lambda line: _progress_line(config, line))
@@ -60,12 +57,12 @@ def pytest_configure(config):
         config.stash[_SIGTERM] = children.sigterm_as_interrupt()
         from bench_core.shells import pb_adoption
 
-        pb_adoption.register(config, session, gated=bool(scfg.save or scfg.compare or scfg.against))
-        if scfg.serve is not None:
+        pb_adoption.register(config, session, gated=scfg.gated)
+        if scfg.mode == SERVE:
             from bench_core.shells import serving
 
             serving.start(config, session)
-        elif scfg.against is not None:
+        elif scfg.mode == SIDE_BY_SIDE:
             session.open_revision(root)
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
