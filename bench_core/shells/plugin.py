@@ -32,7 +32,7 @@ def pytest_configure(config):
     from bench_core.files.machine import fingerprint
     from bench_core.session import BenchSession
     from bench_core.timing.devices import cuda_available
-    from bench_core.workflows import worker
+    from bench_core.workflows.malloc import settle_malloc
 
     device = "cuda" if config.getoption(opt.GPU) else "cpu"
     if device == "cuda" and not cuda_available():
@@ -52,7 +52,7 @@ def pytest_configure(config):
                              f"benchmarks without -n when storing or gating")
         if shared:   # measurements taken beside other tests are refused, and nothing is written
             scfg = replace(scfg, concurrent=shared, results_dir=None, history=None, pb_json=None, markdown=None)
-        malloc = worker.settle_malloc(scfg.malloc, serving=scfg.serve is not None)
+        malloc = settle_malloc(scfg.malloc, serving=scfg.serve is not None)
         session = BenchSession(scfg, {**fingerprint(device, root=str(root)), "malloc": malloc})
         if config.getoption("verbose") > -2:   # -qq silences it
             session.watch(lambda line: _progress_line(config, line))
