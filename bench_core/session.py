@@ -23,7 +23,7 @@ from bench_core.core.errors import ScenarioError, StorageError
 from bench_core.core.modes import GATE, GATED, PLAIN, REPLICA, SAVE, SERVE, SIDE_BY_SIDE
 from bench_core.core.records import Measurement
 from bench_core.core.scenario import Scenario
-from bench_core.deciding.gate import Comparison, GateConfig
+from bench_core.deciding.comparison import Comparison, GateConfig
 from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
 from bench_core.files import storage
 from bench_core.output import reporters, summary
@@ -258,7 +258,7 @@ class BenchSession(Ledger):
         self.baseline_notes: list[str] = []           # what makes the baseline hard to trust
         self.revision = None                          # revisions.LoadedRevision under --bench-against
         self.workers = None                           # worker.WorkerPool, once a scenario needs process mode
-        self.serving = None                           # worker.ServeState, in a side's server
+        self.serving = None                           # side_server.ServeState, in a side's server
         if config.compare is not None:
             self.baseline, self.prior, self.baseline_notes = stored_gate.load_baseline(config)
 

@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     from tabulate import tabulate
 
-    from bench_core.files import storage
+    from bench_core.files import atomic
 
     results = {"A/B": [], "A/A": []}
     for i in range(max(ns.ab_trials, ns.aa_trials)):  # alternate, so both see the same machine
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     ran = {k: [r["rounds_run"] for r in v if r.get("rounds_run")] for k, v in results.items()}
     if any(ran.values()):   # rounds mode: what the sequential looks cost
         print("rounds run, mean: " + ", ".join(f"{k} {sum(v) / len(v):.1f}" for k, v in ran.items() if v))
-    path = storage.write_stamped_json(Path(".bench"), "ab_quality", {"settings": vars(ns), "results": results})
+    path = atomic.write_stamped_json(Path(".bench"), "ab_quality", {"settings": vars(ns), "results": results})
     print(f"written to {path}")
     return 0
 

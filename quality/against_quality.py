@@ -35,7 +35,7 @@ import numpy as np
 from scipy import stats as st
 from tabulate import tabulate
 
-from bench_core.files import storage
+from bench_core.files import atomic
 
 WORK_V1 = '''
 import torch
@@ -233,7 +233,7 @@ def main(argv=None) -> int:
                                    "A/A spread of ratio", "+5% called slower", "+10% called slower",
                                    "rounds run (A/A / +5% / +10%)",
                                    "wall: against / plain"]))
-    path = storage.write_stamped_json(Path(".bench"), "against_quality", {"settings": vars(ns), "results": results})
+    path = atomic.write_stamped_json(Path(".bench"), "against_quality", {"settings": vars(ns), "results": results})
     print(f"written to {path}")
     return 0
 

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from bench_core.core.scenario import Scenario
-from bench_core.deciding.gate import GateConfig
+from bench_core.deciding.comparison import GateConfig
 from bench_core.deciding.sequential import planned_looks
 from bench_core.timing.protocol import Rounds
 from bench_core.timing.sampling import Sample

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_core.files import storage
+from bench_core.files import atomic
 
 WORK = '''
 import torch
@@ -108,7 +108,7 @@ def main() -> None:
             print(f"A/A {t + 1}/{ns.aa}: {out['aa'][-1]['outcome']}", flush=True)
     none = sum(r["outcome"] == "no change in range" for r in out["aa"])
     print(f"A/A ranges: 'no change in range' in {none}/{len(out['aa'])}")
-    print(f"written to {storage.write_stamped_json(Path('.bench'), 'bisect_quality', out)}")
+    print(f"written to {atomic.write_stamped_json(Path('.bench'), 'bisect_quality', out)}")
 
 
 if __name__ == "__main__":

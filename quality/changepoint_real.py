@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_core.files import storage
+from bench_core.files import atomic
 
 TEST = '''
 import os
@@ -87,7 +87,7 @@ def main() -> None:
             widths = [c["first_high"] - c["first_low"] + 1 for f in found for c in f["changes"]]
             print(f"{kind}: run-to-run spread {math.expm1(spread):.1%}; +10% step's range holds run {at + 1} in "
                   f"{held}/{len(found)}; widths {widths}; change points before the step {false}", flush=True)
-    print(f"written to {storage.write_stamped_json(Path('.bench'), 'changepoint_real', out)}")
+    print(f"written to {atomic.write_stamped_json(Path('.bench'), 'changepoint_real', out)}")
 
 
 if __name__ == "__main__":

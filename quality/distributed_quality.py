@@ -52,7 +52,7 @@ def wasteful_mlp(ctx) -> RankStep:
 
 
 def main() -> None:
-    from bench_core.files import storage
+    from bench_core.files import atomic
     from bench_core.files.machine import fingerprint
     from bench_core.core.ranks import straggler
     from bench_core.session import BenchSession, SessionConfig
@@ -97,7 +97,7 @@ def main() -> None:
     print(f"A/B one wasted forward: called slower {slower}/{args.trials}, correct {correct}/{args.trials}, "
           f"median speedup {speedups[len(speedups) // 2]:.3f}")
     print(f"wall: {time.time() - t0:.0f} s")
-    path = storage.write_stamped_json(Path(".bench"), "distributed_quality", out)
+    path = atomic.write_stamped_json(Path(".bench"), "distributed_quality", out)
     print(f"written: {path}")
 
 

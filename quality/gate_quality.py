@@ -36,7 +36,7 @@ from bench_core import Scenario, measure
 from bench_core.files import storage
 from bench_core.files.machine import fingerprint
 from bench_core.timing.counts import DEFAULT_REPEATS, DEFAULT_WARMUP
-from bench_core.workflows.worker import settle_malloc
+from bench_core.workflows.malloc import settle_malloc
 malloc = settle_malloc(sys.argv[3])   # as the plugin does at a session's start (--bench-malloc)
 torch.manual_seed(0)
 factor, out = float(sys.argv[1]), sys.argv[2]
@@ -78,7 +78,8 @@ def run_processes(n: int, slowdown: float, folder: Path, malloc: str = "pinned")
 def rates(runs_a, runs_b, k: int, trials: int, seed: int, config, fixed: int | None) -> dict:
     """Runs are lists of {scenario: Measurement}, one per process. `fixed`: that many candidate runs and
     no replication; None: the gate's own protocol, drawing fresh processes from the pool."""
-    from bench_core.deciding.gate import decide_family, estimate, noise_prior
+    from bench_core.deciding.estimate import estimate, noise_prior
+    from bench_core.deciding.gate import decide_family
     from bench_core.deciding.verdicts import FASTER, SLOWER
     from bench_core.deciding.sequential import replicate_until_decided
 
@@ -147,8 +148,8 @@ def main(argv=None) -> int:
     import numpy as np
     from tabulate import tabulate
 
-    from bench_core.files import storage
-    from bench_core.deciding.gate import GateConfig
+    from bench_core.files import atomic, storage
+    from bench_core.deciding.comparison import GateConfig
 
     if ns.runs < ns.baseline_runs + GateConfig().max_runs:
         ap.error(f"--runs must be at least --baseline-runs + {GateConfig().max_runs} (a baseline and a candidate's "
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
               ", ".join(f"{n} {sh['spread'][n]:.1%} -> {sh['spread_after_level'][n]:.1%}" for n in sh["scenarios"]))
     doc = {"settings": vars(ns), "gate": config.__dict__, "spread": spread, "rates": results, "runs_dir": str(folder),
            "shared_level": shared}
-    path = storage.write_stamped_json(Path(".bench"), "gate_quality", doc)
+    path = atomic.write_stamped_json(Path(".bench"), "gate_quality", doc)
     print(f"written to {path}")
     return 0
 

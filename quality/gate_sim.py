@@ -47,7 +47,8 @@ def draw(rng, n: int, spread: float, slow: bool, shift: float = 0.0, told: bool 
 
 def protocol(base: np.ndarray, prior, first: list, more, config):
     """One gate decision on scenario 0: the gate's own protocol (what BenchSession.gate runs)."""
-    from bench_core.deciding.gate import decide_family, estimate_logs
+    from bench_core.deciding.estimate import estimate_logs
+    from bench_core.deciding.gate import decide_family
     from bench_core.deciding.sequential import replicate_until_decided
 
     def judge(runs):
@@ -59,7 +60,8 @@ def protocol(base: np.ndarray, prior, first: list, more, config):
 
 def cell(args) -> dict:
     spread, slow, shift, mode, n_base, n_cand, seed, gate_kw, runs, told = args
-    from bench_core.deciding.gate import GateConfig, prior_from_logs
+    from bench_core.deciding.comparison import GateConfig
+    from bench_core.deciding.estimate import prior_from_logs
     from bench_core.deciding.verdicts import SLOWER
 
     config = GateConfig(**gate_kw)
@@ -144,7 +146,7 @@ def main(argv=None) -> int:
                          f"{aa['mean_runs']:.2f} / {got[(math.log(1.10), 'replicate')]['mean_runs']:.2f}"])
     headers = ["spread", "slow processes", "false slower", "baselines >2%", "baselines >3%", "worst baseline",
                "+10% found (1 / 3 runs / replicated)", "+30% found (1 / 3 / replicated)", "runs used (A/A / +10%)"]
-    from bench_core.deciding.gate import GateConfig
+    from bench_core.deciding.comparison import GateConfig
 
     g = GateConfig(**gate_kw)
     print(f"gate: alpha={g.alpha}, threshold={g.threshold:.0%}, min_runs={g.min_runs}, max_runs={g.max_runs} "
@@ -156,7 +158,7 @@ def main(argv=None) -> int:
     if not ns.no_save:
         from pathlib import Path
 
-        from bench_core.files.storage import write_stamped_json
+        from bench_core.files.atomic import write_stamped_json
 
         path = write_stamped_json(Path(".bench"), "gate_sim", {"settings": vars(ns), "gate": g.__dict__, "cells": out})
         print(f"written to {path}", file=sys.stderr)

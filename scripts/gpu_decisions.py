@@ -436,7 +436,8 @@ def _family(comparison: Mapping[str, Any], default: int) -> int:
 
 def decide_rounds(name: str, parts, threshold: float, looks: int, family: int) -> dict:
     """bench_core's own side-by-side decision (`estimate_rounds`, then `decide_family`) of the given rounds."""
-    from bench_core.deciding.gate import GateConfig, decide_family
+    from bench_core.deciding.comparison import GateConfig
+    from bench_core.deciding.gate import decide_family
     from bench_core.deciding.rounds import estimate_rounds
 
     est = estimate_rounds(name, parts, threshold, timer="recomputed", looks=tuple(range(1, looks + 1)))
@@ -502,7 +503,8 @@ def stored_decisions(baseline: Mapping[str, Sequence[Any]], candidate: Mapping[s
     """The stored gate's decisions of every candidate scenario, as `bench-core compare` decides a file
     (`compare_sets`: the prior fitted from the whole baseline, Bonferroni over its scenarios), in time and, for
     the scenarios whose every run read its clocks, in cycle space."""
-    from bench_core.deciding.gate import GateConfig, compare_sets
+    from bench_core.deciding.comparison import GateConfig
+    from bench_core.deciding.gate import compare_sets
 
     config = GateConfig(threshold=threshold)
     timed = {c.name: c for c in compare_sets(baseline, candidate, config)}
@@ -903,7 +905,7 @@ def run_folder(out: Path) -> Path:
 
 
 def report(ns, plan: Plan, runner: Runner, out: Path, started: str) -> int:
-    from bench_core.files import storage
+    from bench_core.files import atomic
 
     doc = {"device": plan.device, "started": started, "budget_s": plan.budget_s,
            "spent_s": time.monotonic() - runner.t0, "environment": runner.environment or "environment not read",
@@ -912,8 +914,8 @@ def report(ns, plan: Plan, runner: Runner, out: Path, started: str) -> int:
            "plan": [{**s.__dict__, "seconds": s.seconds} for s in plan.steps],
            "trials": [t.__dict__ for t in runner.trials], "decisions": runner.decisions, "notes": runner.notes,
            "columns": list(COLUMNS), "summary": summary_rows(runner.decisions)}
-    path = storage.write_stamped_json(out, "gpu_decisions", _finite(doc))
-    md = storage.write_new(path.with_suffix(".md"), markdown(doc).encode())
+    path = atomic.write_stamped_json(out, "gpu_decisions", _finite(doc))
+    md = atomic.write_new(path.with_suffix(".md"), markdown(doc).encode())
     print(markdown(doc))
     print(f"written to {path} and {md}")
     errors = [t for t in runner.trials if t.error]

@@ -252,7 +252,7 @@ def test_ab_rounds_names_what_ran_and_refuses_non_factories():
 
 
 def test_ab_tables_have_their_headers_over_their_columns_and_say_which_way_speedup_points():
-    from bench_core.output.tables import decisions_table
+    from bench_core.output.comparison_tables import decisions_table
 
     clock = FakeClock()
     r = ab(lambda: clock.advance_ms(2), lambda: clock.advance_ms(1), clock=clock, repeats=6, warmup=0)

@@ -3,7 +3,9 @@ import math
 import pytest
 from scipy import stats as st
 
-from bench_core.deciding.gate import GateConfig, compare_runs, compare_sets, decide_family, estimate
+from bench_core.deciding.comparison import GateConfig
+from bench_core.deciding.estimate import estimate
+from bench_core.deciding.gate import compare_runs, compare_sets, decide_family
 from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
 from helpers import ENV, meas, runs
 
@@ -175,7 +177,8 @@ def test_one_process_cannot_say_slower_but_fresh_processes_can():
 def test_each_side_keeps_its_own_spread_so_disagreeing_candidate_processes_widen_their_interval():
     import numpy as np
 
-    from bench_core.deciding.gate import decide_family, estimate_logs, welch_df
+    from bench_core.deciding.estimate import estimate_logs, welch_df
+    from bench_core.deciding.gate import decide_family
     from bench_core.core.stats import VariancePrior
 
     prior = VariancePrior(0.04 ** 2, 8, "fitted for the test")      # the machine: 4% run to run, worth 8 runs
@@ -212,7 +215,8 @@ def test_each_side_keeps_its_own_spread_so_disagreeing_candidate_processes_widen
 def test_one_candidate_run_spreads_like_its_baseline_even_when_the_machines_prior_is_worth_almost_nothing():
     import numpy as np
 
-    from bench_core.deciding.gate import decide_family, estimate_logs
+    from bench_core.deciding.estimate import estimate_logs
+    from bench_core.deciding.gate import decide_family
     from bench_core.deciding.sequential import possible_change
     from bench_core.core.stats import VariancePrior
 
@@ -261,7 +265,7 @@ def test_unchanged_is_an_equivalence_test_at_the_decided_level():
 
 
 def test_the_prior_comes_from_the_baselines_history_and_gives_a_quiet_runner_its_power():
-    from bench_core.deciding.gate import noise_prior
+    from bench_core.deciding.estimate import noise_prior
 
     rng = __import__("numpy").random.default_rng(7)
     # a quiet runner: 8 scenarios x 6 runs with a 1% run-to-run spread
@@ -315,7 +319,7 @@ def test_on_the_cpu_another_thread_count_or_processor_is_incomparable():
 
 
 def test_the_comparison_table_says_shared_advice_once():
-    from bench_core.output.tables import comparison_table
+    from bench_core.output.comparison_tables import comparison_table
 
     out = comparison_table(compare_sets({"a": runs([10]), "b": runs([5])},
                                         {"a": runs([10.3], seed=5), "b": runs([5.1], seed=6)}), 0.01)
@@ -336,7 +340,7 @@ def test_a_baseline_too_small_or_recorded_in_one_sitting_is_named():
 
 
 def test_the_table_shows_the_baselines_own_run_to_run_spread():
-    from bench_core.output.tables import comparison_table
+    from bench_core.output.comparison_tables import comparison_table
 
     base = runs([10, 10.5, 9.5, 10.2, 9.8], seed=1)
     c = compare_runs("s", base, runs([10.1, 10.0, 9.9], seed=2))

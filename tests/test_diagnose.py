@@ -176,10 +176,10 @@ def test_profile_pass_writes_a_redacted_trace_and_keeps_results_clean(pytester):
     assert len(doc["results"][0]["host_ms"]) == 3          # the profiled steps never became samples
     assert "profile" not in json.dumps(doc).lower()
     # a second pass never overwrites the first trace (the writer a pass uses, called as a second pass would)
-    from bench_core.files import storage
+    from bench_core.files import artifacts
 
-    again = storage.write_trace(pytester.path / "prof", "p", {"traceEvents": []})
-    storage.write_hypotheses(again, {"scenario": "p"})
+    again = artifacts.write_trace(pytester.path / "prof", "p", {"traceEvents": []})
+    artifacts.write_hypotheses(again, {"scenario": "p"})
     assert again != trace and trace.read_text() == text
     assert len(list((pytester.path / "prof").glob("*.trace.json"))) == 2
     assert len(list((pytester.path / "prof").glob("*.hypotheses.json"))) == 2

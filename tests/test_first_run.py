@@ -94,7 +94,7 @@ def test_a_failing_gate_says_how_to_look_into_it_and_how_to_accept_it(pytester):
 
 
 def test_a_table_that_must_wrap_never_splits_a_scenario_name():
-    from bench_core.output.tables import fit
+    from bench_core.output.fitting import fit
 
     name = "fsdp2_train_step[mlp-bf16-compiled-activation-checkpointing]"
     rows = [[name, "a note long enough to need wrapping " * 4, "1.0"], ["short", "x", "2.0"]]
@@ -103,7 +103,7 @@ def test_a_table_that_must_wrap_never_splits_a_scenario_name():
 
 
 def test_a_childs_colours_never_reach_a_reason_line(tmp_path):
-    from bench_core.files.storage import log_tail
+    from bench_core.files.exchange import log_tail
 
     (tmp_path / "log").write_text("\x1b[33m==== 1 failed in 0.2s ====\x1b[0m\nERROR: \x1b[1mnot found\x1b[0m\n")
     assert log_tail(tmp_path / "log") == "==== 1 failed in 0.2s ==== / ERROR: not found"

@@ -136,7 +136,7 @@ def test_through_the_session_a_gated_candidate_doing_different_work_is_flagged_w
     _, c = s.run(Scenario("mm", ("compute",)), step(32, clock), clock=clock)
     assert any(f"baseline [{2 * 16 ** 3}] -> current [{2 * 32 ** 3}]" in n for n in c.notes)
     assert c.achieved_flops == pytest.approx((2 * 16 ** 3 / 2e-3, 2 * 32 ** 3 / 2e-3))
-    from bench_core.output.tables import comparison_table
+    from bench_core.output.comparison_tables import comparison_table
 
     text = " ".join(comparison_table([c], 0.01, wide=True).split())
     assert "mm: achieved 4.1 MFLOP/s -> 32.8 MFLOP/s (+700.0%; counted FLOPs over the median step)" in text
@@ -180,7 +180,7 @@ def test_the_operator_with_most_flops_below_its_peak_is_named_from_the_profilers
 
 
 def test_an_ab_counts_both_sides_once_and_says_when_they_do_different_work():
-    from bench_core.output.tables import decisions_table
+    from bench_core.output.comparison_tables import decisions_table
     from bench_core.session import BenchSession, SessionConfig
     from helpers import ENV
 
@@ -203,7 +203,7 @@ def test_an_ab_counts_both_sides_once_and_says_when_they_do_different_work():
 def test_a_rate_at_zero_ms_is_not_observed_never_a_division_by_zero():
     from types import SimpleNamespace as NS
 
-    from bench_core.output.tables import work_lines
+    from bench_core.output.comparison_tables import work_lines
     from bench_core.core.stats import per_second
 
     assert per_second(10, 0.0) is None and per_second(10, 2.0) == 5000.0

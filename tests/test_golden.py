@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from bench_core import Scenario, measure
-from bench_core.deciding.gate import GateConfig
+from bench_core.deciding.comparison import GateConfig
 from bench_core.timing.protocol import Instance
 from bench_core.workflows.ab import ab, ab_rounds
 from bench_core.session import BenchSession, SessionConfig

@@ -164,7 +164,8 @@ def test_the_pure_layers_and_the_file_gate_work_without_torch(tmp_path, how):
     base = tmp_path / "main.json"
     new = storage.write_session(tmp_path / "n", [meas([4.0, 4.2, 4.1] * 4, name="s")], {"device": "cpu"})
     pure = sorted(m for m in MODULES if _layer(m) in ("core", "deciding") or m in (
-        "bench_core.files.storage", "bench_core.output.tables", "bench_core.shells.cli"))
+        "bench_core.files.storage", "bench_core.files.atomic", "bench_core.output.tables", "bench_core.output.fitting",
+        "bench_core.output.comparison_tables", "bench_core.shells.cli"))
     res = subprocess.run([sys.executable, "-c", NO_TORCH.format(base=base, new=new), how, *pure],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert "Error" not in res.stderr, res.stderr

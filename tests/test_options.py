@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from bench_core.deciding.gate import GateConfig
+from bench_core.deciding.comparison import GateConfig
 from bench_core.shells import cli
 from bench_core.shells import options as opt
 

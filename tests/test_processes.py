@@ -156,7 +156,7 @@ def test_every_round_rebuilds_the_tests_own_fixtures_and_the_modules_are_built_o
     builds, the usual way) is built anew every round, while a module-scoped one stays built in the side's server,
     as between the tests of one session. The servers' glibc malloc thresholds are pinned, and the record says so."""
     from bench_core.timing.counts import QUICK
-    from bench_core.workflows.worker import PINNED_MALLOC
+    from bench_core.workflows.malloc import PINNED_MALLOC
 
     for name in PINNED_MALLOC:
         monkeypatch.delenv(name, raising=False)
@@ -244,7 +244,7 @@ def test_one_process_pins_glibc_malloc_thresholds_in_itself_and_says_so(pytester
     """Where one process holds both sides, its own glibc malloc thresholds are fixed as the servers' are (a step
     that frees large blocks then reuses them on every call, not on some); 'as-is', or the user's own setting,
     leaves them alone, and the method line says which."""
-    from bench_core.workflows.worker import PINNED_MALLOC, pin_malloc
+    from bench_core.workflows.malloc import PINNED_MALLOC, pin_malloc
 
     for name in PINNED_MALLOC:
         monkeypatch.delenv(name, raising=False)
@@ -271,7 +271,8 @@ def test_every_measuring_process_gets_the_sessions_malloc_policy_and_results_rec
     from bench_core.core.environment import differences
     from bench_core.session import SessionConfig
     from bench_core.shells.replay import replica_command
-    from bench_core.workflows.worker import PINNED_MALLOC, server_env, settle_malloc
+    from bench_core.workflows.malloc import PINNED_MALLOC, settle_malloc
+    from bench_core.workflows.worker import server_env
 
     for name in PINNED_MALLOC:
         monkeypatch.delenv(name, raising=False)

@@ -2,7 +2,9 @@
 import pytest
 
 from bench_core.deciding.gate import compare_sets
-from bench_core.output.tables import WIDTH, comparison_table, session_table
+from bench_core.output.comparison_tables import comparison_table
+from bench_core.output.fitting import WIDTH
+from bench_core.output.tables import session_table
 from helpers import runs
 
 
@@ -143,7 +145,7 @@ def test_the_cpu_default_is_one_thread_auto_keeps_torchs_and_nonsense_is_refused
 def test_every_table_fits_120_columns_even_when_its_text_is_long():
     """#28: the distributed table ran to 175-200 characters under its own 'left out to fit 120 columns', and the
     A/B table to 127: when dropping columns is not enough, the widest text column wraps."""
-    from bench_core.output.tables import fit
+    from bench_core.output.fitting import fit
 
     rows = [["ddp_train_step[mlp]", "2 gloo", "1.384", "identical; reference ok (3 steps) " * 3],
             ["a comparison whose name alone is " + "very " * 12 + "long", "-", "0", "FAIL"]]
@@ -163,6 +165,6 @@ def test_an_ab_table_fits_120_columns():
 
 def test_an_interval_level_never_reads_100_percent():
     """#28: an interval printed as '(100.0%)' hid its real level."""
-    from bench_core.deciding.gate import level_text
+    from bench_core.deciding.comparison import level_text
 
     assert [level_text(c) for c in (0.997, 0.9996, 0.999994, 1 - 1e-9)] == ["99.7%", "99.96%", "99.999%", "1 - 1e-09"]

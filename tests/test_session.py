@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from bench_core import Scenario, StorageError
-from bench_core.deciding.gate import GateConfig
+from bench_core.deciding.comparison import GateConfig
 from bench_core.session import BenchSession, SessionConfig
 from fakes import FakeClock
 from helpers import ENV

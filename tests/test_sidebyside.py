@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from bench_core.timing.backends import CpuBackend
-from bench_core.deciding.gate import GateConfig, decide_family
+from bench_core.deciding.comparison import GateConfig
+from bench_core.deciding.gate import decide_family
 from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, SLOWER, UNCHANGED
 from bench_core.core.errors import ScenarioError
 from bench_core.timing.sampling import Sampler
@@ -669,7 +670,7 @@ def test_loaded_files_name_only_files_that_are_there(tmp_path, monkeypatch):
     import sys
     import types
 
-    from bench_core.workflows.worker import loaded_files
+    from bench_core.workflows.side_server import loaded_files
 
     (tmp_path / "real_mod.py").write_text("X = 1\n")
     monkeypatch.chdir(tmp_path)
@@ -689,7 +690,7 @@ def test_loaded_files_resolve_a_modules_file_once_and_read_its_content_each_time
     import types
     from pathlib import Path
 
-    from bench_core.workflows.worker import loaded_files
+    from bench_core.workflows.side_server import loaded_files
 
     (tmp_path / "kept_mod.py").write_text("X = 1\n")
     mod = types.ModuleType("kept_mod")
@@ -715,7 +716,8 @@ def test_a_server_runs_the_untimed_call_ahead_of_a_sample_only_when_asked():
     import json
 
     from bench_core.timing.protocol import Instance
-    from bench_core.workflows.worker import Channel, serve_round
+    from bench_core.workflows.channel import Channel
+    from bench_core.workflows.side_server import serve_round
 
     calls = []
     inst = Instance(fn=lambda: calls.append("fn"), setup=lambda: calls.append("setup"))
@@ -736,7 +738,7 @@ def test_a_server_runs_the_untimed_call_ahead_of_a_sample_only_when_asked():
 def test_a_channel_reads_two_answers_that_came_in_one_write_without_waiting_for_a_third():
     # two answers may lie in the pipe together (requests sent ahead of their answers); waiting on the descriptor for
     # the second would hang until the timeout
-    from bench_core.workflows.worker import Channel
+    from bench_core.workflows.channel import Channel
 
     r, w = os.pipe()
     os.write(w, b'{"ready": 1}\n{"serving": "s"}\n{"par')

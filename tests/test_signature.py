@@ -235,7 +235,7 @@ def test_a_profiler_pass_in_a_fresh_fork_warms_its_step_as_a_round_does_before_p
     from types import SimpleNamespace
 
     from bench_core.workflows.diagnose.moved import PASSES, op_times
-    from bench_core.workflows.worker import SERVED_PROFILE_CALLS, _profiled
+    from bench_core.workflows.side_server import SERVED_PROFILE_CALLS, _profiled
 
     ran = []
     op_times(lambda: ran.append(1), calls=2)
@@ -344,7 +344,7 @@ def test_an_ab_called_slower_or_faster_gets_a_profiler_pass_of_each_side(monkeyp
     each side follows, and where time moved is in the record and under the decisions table; an unchanged verdict
     gets none."""
     from bench_core.deciding.verdicts import SLOWER, UNCHANGED
-    from bench_core.output.tables import decisions_table
+    from bench_core.output.comparison_tables import decisions_table
     from bench_core.session import BenchSession, SessionConfig
     from bench_core.workflows import ab as ab_module
     from bench_core.workflows.diagnose import moved as moved_module

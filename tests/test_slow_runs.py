@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from bench_core.deciding.gate import GateConfig, decide_family, estimate_logs, prior_from_logs
+from bench_core.deciding.comparison import GateConfig
+from bench_core.deciding.estimate import estimate_logs, prior_from_logs
+from bench_core.deciding.gate import decide_family
 from bench_core.deciding.verdicts import INCONCLUSIVE, SLOWER
 from bench_core.deciding.slow_runs import SlowRuns, difference, fit_slow_runs, level_posterior
 from bench_core.core.stats import VariancePrior

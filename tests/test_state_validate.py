@@ -424,8 +424,8 @@ def test_a_reference_check_feeds_the_models_own_device(tmp_path, monkeypatch):
 def test_the_state_file_keeps_its_format_name(tmp_path):
     """Files written before the package was reorganized say "bench_core.state": the name is the format's, not a
     module path, and must never move with the code."""
-    from bench_core.files import storage
+    from bench_core.files import storage, torch_files
 
-    assert storage.STATE_FORMAT == "bench_core.state" and storage.REFERENCE_FORMAT == "bench_core.reference"
+    assert torch_files.STATE_FORMAT == "bench_core.state" and torch_files.REFERENCE_FORMAT == "bench_core.reference"
     assert (storage.SESSION_FORMAT, storage.BASELINE_FORMAT, storage.DECISION_FORMAT) == (
         "bench_core.session", "bench_core.baseline", "bench_core.decision")

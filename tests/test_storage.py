@@ -5,7 +5,7 @@ import re
 import pytest
 
 from bench_core import StorageError
-from bench_core.files import storage
+from bench_core.files import atomic, storage
 from helpers import ENV, meas, runs
 
 
@@ -25,7 +25,7 @@ def test_atomic_write_refuses_existing_file_and_leaves_it_intact(tmp_path):
     p = tmp_path / "x.json"
     p.write_text("old")
     with pytest.raises(StorageError, match="never overwritten"):
-        storage.atomic_write(p, b"new", overwrite=False)
+        atomic.atomic_write(p, b"new", overwrite=False)
     assert p.read_text() == "old"
     assert os.listdir(tmp_path) == ["x.json"]
 
@@ -37,9 +37,9 @@ def test_atomic_write_failure_leaves_no_partial_file(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(storage.os, "replace", broken_replace)
+    monkeypatch.setattr(atomic.os, "replace", broken_replace)
     with pytest.raises(StorageError, match=r"x\.json: could not be written: disk full"):   # names the file
-        storage.atomic_write(p, b"new", overwrite=True)
+        atomic.atomic_write(p, b"new", overwrite=True)
     assert p.read_text() == "old" and os.listdir(tmp_path) == ["x.json"]
 
 

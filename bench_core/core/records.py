@@ -1,6 +1,6 @@
 """Immutable result records. They check their values when built, so nothing downstream has to.
 
-Their files are written and read by `storage`, the one owner of every on-disk format."""
+Their files are written and read by `files/storage.py`, which owns their JSON formats."""
 from __future__ import annotations
 
 import math

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from bench_core.core.stats import t_interval, t_test
-from bench_core.deciding.gate import Comparison
+from bench_core.deciding.comparison import Comparison
 from bench_core.deciding.paired import PairedDecision, speed_verdict
 from bench_core.deciding.verdicts import INCOMPARABLE, INCONCLUSIVE
 

@@ -1,6 +1,6 @@
 """Distribution plots, one per scenario: every sample of each group (this run, each baseline run, each fresh
 process the gate started, or A and B), as points over a box of its quartiles, on one time axis. Rendered to PNG
-bytes here; `storage` writes them. matplotlib is an optional extra: `pip install -e ".[plots]"`.
+bytes here; `artifacts` writes them. matplotlib is an optional extra: `pip install -e ".[plots]"`.
 """
 from __future__ import annotations
 

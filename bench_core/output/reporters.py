@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench_core.core.modes import GATE, OWN, SIDE_BY_SIDE
-from bench_core.files import storage
+from bench_core.files import artifacts, atomic, storage
 from bench_core.output.summary import plot_groups, shown
 
 Reporter = Callable[..., str]
@@ -52,7 +52,7 @@ def pytest_benchmark_json(s) -> str:
 
 
 def markdown_report(s) -> str:
-    from bench_core.output.tables import comparison_notes, markdown
+    from bench_core.output.comparison_tables import comparison_notes, markdown
 
     notes = [f"{n}: {t}" for n, t in s.one_side]
     notes += sorted({c.method for c in s.comparisons if c.method})
@@ -60,13 +60,13 @@ def markdown_report(s) -> str:
     notes += comparison_notes(s.comparisons)
     text = markdown(f"bench_core: {s.compared_with or 'results'}", s.outcome() if s.compared_with else None,
                     s.comparisons, [c for c in s.comparisons if s.fails(c)], s.results, s.errors, s.decisions, notes)
-    return f"Markdown report appended to {storage.append_text(s.config.markdown, shown(s, text))}"
+    return f"Markdown report appended to {atomic.append_text(s.config.markdown, shown(s, text))}"
 
 
 def plots(s) -> str:
     from bench_core.output.plots import png
 
-    written = [storage.write_plot(s.config.plots, shown(s, name), png(shown(s, title), groups))
+    written = [artifacts.write_plot(s.config.plots, shown(s, name), png(shown(s, title), groups))
                for name, title, groups in plot_groups(s) if all(len(g) for _, g in groups)]
     return f"{len(written)} distribution plot(s) written to {s.config.plots}"
 
@@ -118,7 +118,7 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
             reporters.append(baseline_run)
     for folder in (s.config.results_dir, s.config.history):
         if folder is not None:
-            storage.ignored_by_git(folder if folder.suffix == "" else folder.parent)
+            atomic.ignored_by_git(folder if folder.suffix == "" else folder.parent)
     for report in reporters:
         try:
             lines.append(report(s))

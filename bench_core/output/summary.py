@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 from bench_core.core.redact import redact
-from bench_core.output.tables import (below, comparison_table, decisions_table, hypotheses_table, ranks_table,
-                                      resource_table, session_table, signature_table, work_table)
+from bench_core.output.comparison_tables import comparison_table, decisions_table
+from bench_core.output.fitting import below
+from bench_core.output.tables import (hypotheses_table, ranks_table, resource_table, session_table, signature_table,
+                                      work_table)
 from bench_core.timing.flops import bandwidth_for, peak_flops_for
 
 

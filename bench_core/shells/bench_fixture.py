@@ -85,7 +85,7 @@ class BenchFixture:
         # per-test section: shown with this test's report (failures, -rA, JUnit system-out)
         self._node.add_report_section("call", "bench_core", self._session.shown(session_table([m], wide=self._session.config.wide)))
         if c is not None:
-            from bench_core.output.tables import comparison_table
+            from bench_core.output.comparison_tables import comparison_table
 
             self._node.user_properties.append(("bench_verdict", c.verdict))
             if self._session.fails(c):

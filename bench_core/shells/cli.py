@@ -17,8 +17,9 @@ from bench_core.deciding.gate import compare_sets, gate_advice
 from bench_core.deciding.signature import attach, latest
 from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
 from bench_core.core.errors import BenchError
-from bench_core.output.tables import comparison_table, session_table
-from bench_core.files import storage
+from bench_core.output.comparison_tables import comparison_table
+from bench_core.output.tables import session_table
+from bench_core.files import atomic, storage
 from bench_core.shells import options as opt
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
@@ -182,7 +183,7 @@ def cmd_report(ns) -> int:
         with History(Path(ns.bench_history), create=False) as h:
             text = report_page(h, Path(ns.results), commit_url(Path(ns.bench_history).resolve().parent),
                                storage.now_iso())
-        storage.atomic_write(out, text.encode(), overwrite=ns.force)
+        atomic.atomic_write(out, text.encode(), overwrite=ns.force)
     except (BenchError, ValueError) as exc:
         hint = " (--force replaces it)" if out.exists() and not ns.force else ""
         print(f"bench_core report: {exc}{hint}", file=sys.stderr)
@@ -204,7 +205,7 @@ def cmd_bisect(ns) -> int:
         print(f"bench_core bisect: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print("\n".join(found.lines()))
-    path = storage.write_stamped_json(root / ".bench", "bisect", found.to_dict())
+    path = atomic.write_stamped_json(root / ".bench", "bisect", found.to_dict())
     print(f"record written to {path}")
     return EXIT_OK if found.outcome != "undecided" else EXIT_REGRESSED
 

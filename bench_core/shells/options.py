@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench_core.deciding.gate import DEFAULT_MAX_RUNS, GateConfig
+from bench_core.deciding.comparison import DEFAULT_MAX_RUNS, GateConfig
 
 GATE = GateConfig()
 CPU_DEFAULT_THREADS = 1

@@ -29,11 +29,11 @@ def pytest_configure(config):
     if not _active(config):
         return
     from bench_core.core.errors import BenchError
-    from bench_core.files.machine import fingerprint
     from bench_core.core.modes import SERVE, SIDE_BY_SIDE
+    from bench_core.files.machine import fingerprint
     from bench_core.session import BenchSession
     from bench_core.timing.devices import cuda_available
-    from bench_core.workflows import worker
+    from bench_core.workflows.malloc import settle_malloc
 
     device = "cuda" if config.getoption(opt.GPU) else "cpu"
     if device == "cuda" and not cuda_available():
@@ -49,7 +49,7 @@ def pytest_configure(config):
         shared = xdist_share(config)
         if shared:   # measurements taken beside other tests are refused, and nothing is written
             scfg = replace(scfg, concurrent=shared, results_dir=None, history=None, pb_json=None, markdown=None)
-        malloc = worker.settle_malloc(scfg.malloc, serving=scfg.mode == SERVE)
+        malloc = settle_malloc(scfg.malloc, serving=scfg.mode == SERVE)
         session = BenchSession(scfg, {**fingerprint(device, root=str(root)), "malloc": malloc})
         if config.getoption("verbose") > -2:   # -qq silences it
             session.watch(lambda line: _progress_line(config, line))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bench_core.core.errors import ScenarioError
 from bench_core.core.scenario import thaw
-from bench_core.files import children, storage
+from bench_core.files import children, exchange, storage
 from bench_core.shells import options as opt
 from bench_core.workflows.side_by_side.capture import capture, instance_from
 
@@ -244,7 +244,7 @@ def replicator(session, request, name):
             # with the session's own conftest options (a model size, a compiler): the same test, asked the same way
             argv = replica_command(session, request.node.nodeid, root, config.inipath, out, warmup,
                                    repeats) + forwarded_args(config)
-            with storage.open_log(log_path) as log:
+            with exchange.open_log(log_path) as log:
                 env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}   # forwarded in argv already
                 env[NAMES_ENV] = json.dumps({request.node.nodeid: name})   # named as here, whatever it collects
                 proc = children.start(argv, cwd=str(root), stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -254,7 +254,7 @@ def replicator(session, request, name):
                     code = None
                 finally:
                     children.end(proc)
-            tail = storage.log_tail(log_path, 3)
+            tail = exchange.log_tail(log_path, 3)
             if code is None:
                 raise ScenarioError(name, f"the fresh process ran past {limit:g} s and was ended: {tail}")
             m = storage.read_replica(out, name, session.environment) if out.exists() else None

@@ -17,7 +17,7 @@ def start(config, session) -> None:
     """This process becomes a server: one torch thread until a round forks (a child of a process that ran OpenMP
     on more threads hangs), the channel opened, these hooks registered."""
     from bench_core.timing.sampling import set_threads
-    from bench_core.workflows.worker import ServeState
+    from bench_core.workflows.side_server import ServeState
 
     set_threads(1)
     session.serving = ServeState(session.config.serve)
@@ -63,7 +63,7 @@ def serve_items(items, state) -> None:
     """A side's server (`--bench-serve`): run the test items the parent asks for, one at a time, each up to its
     bench.run for the scenario asked for (warmed and counted there, see `serve`), then its rounds, each a run of
     the item afresh."""
-    from bench_core.workflows.worker import serve_rounds
+    from bench_core.workflows.side_server import serve_rounds
 
     torch = sys.modules.get("torch")
     state.channel.send({"ready": os.getpid(), "python": platform.python_version(),
@@ -129,7 +129,7 @@ def serve(session, request, sizing, scenario, fn, kwargs):
     each later run of the item serves one round of it; any other scenario of the test is passed over (None)."""
     from bench_core.timing.backends import backend_for
     from bench_core.timing.sampling import Sampler, set_threads
-    from bench_core.workflows import worker
+    from bench_core.workflows import side_server
     from bench_core.workflows.side_by_side.capture import instance_from
 
     state, name = session.serving, scenario.name
@@ -139,10 +139,10 @@ def serve(session, request, sizing, scenario, fn, kwargs):
     device = session.config.device
     sampler = Sampler(name, backend_for(device))
     if state.round:
-        state.ended_by = worker.serve_round(state.channel, instance_from(fn, kwargs, scenario), sampler,
-                                             state.places)
+        state.ended_by = side_server.serve_round(state.channel, instance_from(fn, kwargs, scenario), sampler,
+                                                  state.places)
         pytest.skip(f"served a round of scenario {name!r} to a side-by-side comparison")
-    state.fork = worker.can_fork(device)
+    state.fork = side_server.can_fork(device)
     if not state.fork:
         set_threads(session.config.threads)
     setup = kwargs.get("setup")
@@ -166,7 +166,8 @@ def serve(session, request, sizing, scenario, fn, kwargs):
         except Exception as exc:  # noqa: BLE001 - not counted, and the parent says why
             return {f"{what}_error": f"{type(exc).__name__}: {exc}"}
     counted = state.signature or bool(scenario.no_growth) or bool(state.instructions)
-    state.ended_by = worker.first_run(state.channel, name, sampler, fork=state.fork,
-                                      files=worker.loaded_files(state.roots), warm=warm if state.fork else None,
-                                      count=count if counted else None, kept=kept_fixtures(request.node))
+    state.ended_by = side_server.first_run(state.channel, name, sampler, fork=state.fork,
+                                           files=side_server.loaded_files(state.roots),
+                                           warm=warm if state.fork else None,
+                                           count=count if counted else None, kept=kept_fixtures(request.node))
     pytest.skip(f"warmed scenario {name!r} for a side-by-side comparison")

@@ -23,7 +23,7 @@ from bench_core.deciding.paired import PairedDecision, paired_decision
 from bench_core.deciding.rounds import rounds_decision
 from bench_core.deciding.sequential import chase, planned_looks
 from bench_core.deciding.verdicts import FASTER, INCONCLUSIVE, REJECTED, SLOWER, SPEEDUP_MEANS
-from bench_core.output.tables import wrap
+from bench_core.output.fitting import wrap
 
 
 

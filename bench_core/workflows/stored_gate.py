@@ -10,8 +10,9 @@ from typing import Any, Callable
 from bench_core.core.errors import ScenarioError
 from bench_core.core.records import Measurement
 from bench_core.core.scenario import Scenario
-from bench_core.deciding.gate import (Comparison, baseline_warnings, decide_family, estimate, gate_advice,
-                                      noise_prior)
+from bench_core.deciding.comparison import Comparison
+from bench_core.deciding.estimate import estimate, noise_prior
+from bench_core.deciding.gate import baseline_warnings, decide_family, gate_advice
 from bench_core.deciding.sequential import replicate_until_decided
 from bench_core.deciding.signature import latest
 from bench_core.files import storage

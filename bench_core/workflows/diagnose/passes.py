@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 
 from bench_core.core.records import Measurement
 from bench_core.core.redact import redact
-from bench_core.files import storage
+from bench_core.files import artifacts
 from bench_core.timing.flops import bandwidth_for, peak_flops_for
 from bench_core.workflows.counted_work import measure_cpu_roofs
 from bench_core.workflows.diagnose.profile import ProfileResult, profile
@@ -45,6 +45,6 @@ def profile_distributed(session, name: str, spec: Mapping[str, Any], topology) -
     if together:
         clean, _ = redact([h.to_dict() for h in together])
         shown, _ = redact(name)
-        storage.write_rank_hypotheses(Path(cfg["folder"]), shown, {
+        artifacts.write_rank_hypotheses(Path(cfg["folder"]), shown, {
             "scenario": shown, "traces": [r["profile"]["trace"] for r in doc["ranks"]],
             "facts": [f.to_dict() for f in facts], "hypotheses": clean})

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from bench_core.files import storage
+from bench_core.files import artifacts
 from bench_core.core.errors import BenchError
 from bench_core.core.redact import describe, redact
 from bench_core.workflows.diagnose.trace_analysis import STAGE_PREFIX, Hypothesis, TraceFacts, analyze
@@ -166,7 +166,7 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
     finally:
         _ACTIVE["on"] = False
     averages = list(prof.key_averages())
-    doc = storage.profiler_json(prof.export_chrome_trace)
+    doc = artifacts.profiler_json(prof.export_chrome_trace)
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
     facts, rows = analyze(events)
     rows = [*extra, *rows, *(operator_below_peak(averages, cfg.device, peak_flops) if cfg.with_flops else [])]
@@ -186,7 +186,7 @@ def profile(scenario: str, fn: Callable[[], Any], cfg: ProfileConfig, setup: Cal
     if found and cfg.refuse_sensitive:  # a refusal refuses everywhere: no file, and nothing of the trace shown
         return ProfileResult(name, None, describe(found) + " (refused: no trace written, nothing of it shown)",
                              "(refused)", replace(facts, stage_us={}, notes=()), (), refused=True)
-    path = storage.write_trace(cfg.folder, name, clean, tensorboard=cfg.tensorboard)
-    storage.write_hypotheses(path, {"scenario": name, "trace": path.name, "redaction": describe(found),
-                                    "facts": facts.to_dict(), "hypotheses": [h.to_dict() for h in shown]})
+    path = artifacts.write_trace(cfg.folder, name, clean, tensorboard=cfg.tensorboard)
+    artifacts.write_hypotheses(path, {"scenario": name, "trace": path.name, "redaction": describe(found),
+                                      "facts": facts.to_dict(), "hypotheses": [h.to_dict() for h in shown]})
     return ProfileResult(name, path, describe(found), table, facts, shown)

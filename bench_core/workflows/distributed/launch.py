@@ -138,7 +138,7 @@ def _ours(pid: int, spec_path: Path) -> bool:
 def end_all(proc: subprocess.Popen, folder: Path, spec_path: Path) -> None:
     """End the launcher and every rank it started, by their own ids: ranks run in sessions of their own, so
     a killed launcher would leave them behind."""
-    from bench_core.files.storage import read_rank_files
+    from bench_core.files.exchange import read_rank_files
 
     pids = [int(d["pid"]) for d in read_rank_files(folder)["status"].values() if "pid" in d]
     children.end(proc, others=pids, still_ours=lambda pid: _ours(pid, spec_path), grace_s=KILL_GRACE_S)
@@ -148,7 +148,7 @@ def run_ranks(name: str, spec: Mapping[str, Any], topology: Topology, timeout_s:
               launch: int = 0) -> dict:
     """Launch the ranks, wait, and return this node's gathered result; every failure is a ScenarioError that
     names the rank and its phase, with its traceback where it raised."""
-    from bench_core.files.storage import log_tail, open_log, rank_exchange, read_rank_files, write_rank_spec
+    from bench_core.files.exchange import log_tail, open_log, rank_exchange, read_rank_files, write_rank_spec
 
     with rank_exchange() as tmp:
         folder = Path(tmp)

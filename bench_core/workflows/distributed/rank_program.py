@@ -236,7 +236,7 @@ class _Rank:
         self.device = f"cuda:{self.local_rank}" if self.on_gpu else "cpu"
         self.threads = set_threads(spec.get("threads"))
         if spec.get("malloc_pinned"):   # as the session's own process (--bench-malloc), before anything is built
-            from bench_core.workflows.worker import pin_malloc
+            from bench_core.workflows.malloc import pin_malloc
 
             pin_malloc()
         self.builder = _load_builder(spec)
@@ -416,26 +416,26 @@ def run_rank(spec: Mapping[str, Any], status: Callable[[str], None]) -> dict | N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench_core.files import storage
+    from bench_core.files import exchange
 
     argv = sys.argv[1:] if argv is None else argv
-    spec = storage.read_rank_spec(Path(argv[0]))
+    spec = exchange.read_rank_spec(Path(argv[0]))
     out = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", 0))
     phase = ["starting"]
 
     def status(what: str) -> None:
         phase[0] = what
-        storage.write_rank_status(out, rank, {"pid": os.getpid(), "phase": what, "host": socket.gethostname()})
+        exchange.write_rank_status(out, rank, {"pid": os.getpid(), "phase": what, "host": socket.gethostname()})
 
     status("starting")
     try:
         result = run_rank(spec, status)
     except BaseException:
-        storage.write_rank_error(out, rank, phase[0], traceback.format_exc())
+        exchange.write_rank_error(out, rank, phase[0], traceback.format_exc())
         return 1
     if result is not None:
-        storage.write_rank_result(out, int(os.environ.get("GROUP_RANK", 0)), result)
+        exchange.write_rank_result(out, int(os.environ.get("GROUP_RANK", 0)), result)
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping
 from bench_core.core.errors import ScenarioError
 from bench_core.core.records import Measurement
 from bench_core.core.scenario import Scenario
-from bench_core.deciding.gate import Comparison
+from bench_core.deciding.comparison import Comparison
 from bench_core.timing.counts import QUICK
 from bench_core.workflows.distributed import launch as launcher
 from bench_core.workflows.distributed.launch import Topology, ab_result, builder_location, measurement_from, preflight

@@ -11,7 +11,9 @@ from bench_core.core.errors import ScenarioError
 from bench_core.core.records import ColdStart, Measurement, Memory
 from bench_core.core.scenario import Scenario
 from bench_core.deciding.explained import explained
-from bench_core.deciding.gate import Comparison, decide_family, scenario_differences
+from bench_core.deciding.comparison import Comparison
+from bench_core.deciding.estimate import scenario_differences
+from bench_core.deciding.gate import decide_family
 from bench_core.deciding.rounds import estimate_rounds
 from bench_core.deciding.sequential import planned_looks, possible_change
 from bench_core.deciding.verdicts import FASTER, SLOWER
@@ -179,7 +181,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     Where they cannot (CUDA), each process keeps a bias of its own, so the pair of processes is the unit: more
     pairs, a wider interval, and the method says so. Servers are the session's pool, kept from scenario to
     scenario of one test file. The current side's result is its own samples, or a plain measurement of `live`."""
-    from bench_core.workflows.worker import can_fork
+    from bench_core.workflows.side_server import can_fork
 
     a, quick = session.config.against, session.config.quick
     pool = worker_pool(session)

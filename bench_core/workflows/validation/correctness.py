@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from bench_core.files import storage
+from bench_core.files import torch_files
 from bench_core.core.errors import StorageError
 from bench_core.workflows.validation.state import StartingState, optimizer_settings, settings_differences, tensor_leaves
 
@@ -435,9 +435,9 @@ def save_reference(path: str | Path, baseline: Variant | Callable, state: Starti
         raise StorageError(path, "reference exists and is never overwritten", hint="remove it to record a new one")
     state.save(Path(path).with_suffix(".state.pt"), overwrite=True)
     device = next((str(p.device) for p in model.parameters()), "cpu")
-    return storage.write_reference(Path(path), baseline.label, steps, state.hash,
-                                   {k: [-1 if s is None else s, t.cpu()] for k, (s, t) in run.observed.items()},
-                                   device)
+    return torch_files.write_reference(Path(path), baseline.label, steps, state.hash,
+                                       {k: [-1 if s is None else s, t.cpu()] for k, (s, t) in run.observed.items()},
+                                       device)
 
 
 def check_reference(path: str | Path, candidate: Variant | Callable, model: torch.nn.Module,
@@ -446,7 +446,7 @@ def check_reference(path: str | Path, candidate: Variant | Callable, model: torc
     """Run the candidate from the reference's saved state and compare it with the saved tensors. The state
     and its batches go to `device`, by default the model's: a CUDA model is never fed CPU batches."""
     path = Path(path)
-    doc = storage.read_reference(path)
+    doc = torch_files.read_reference(path)
     state = StartingState.load(path.with_suffix(".state.pt"))
     if doc["state_hash"] != state.hash:
         raise StorageError(path, "the reference was recorded from another starting state", field="state_hash")

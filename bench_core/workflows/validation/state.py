@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from bench_core.files import storage
+from bench_core.files import torch_files
 from bench_core.core.errors import StorageError
 
 
@@ -279,14 +279,14 @@ class StartingState:
 
     # -- files -----------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        return storage.write_state(Path(path), self._payload, self.metadata(), self._hash, self._version,
-                                   overwrite=overwrite)
+        return torch_files.write_state(Path(path), self._payload, self.metadata(), self._hash, self._version,
+                                       overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike, map_location: str | torch.device | None = None) -> "StartingState":
         """Read a saved state; a damaged or foreign file is refused. `map_location` moves it to a device."""
         path = Path(path)
-        doc = storage.read_state(path)
+        doc = torch_files.read_state(path)
         version = doc["schema_version"]
         checked = state_hash(doc["payload"], version)  # verified on the CPU, before any move
         if checked != doc.get("hash"):
