@@ -145,3 +145,21 @@ def test_each_commits_worktree_has_its_submodules_at_that_commits_own_version(tm
     with pytest.raises(BisectError, match="submodule workload, which is not checked out here"):
         with worktree(bare, "HEAD", tmp_path / "tree2"):
             pass
+
+
+def test_a_bisect_step_reads_the_session_file_through_its_owner_and_a_damaged_one_is_inconclusive_saying_so(tmp_path):
+    from bench_core.files import storage
+    from bench_core.workflows.bisect import _step_from
+
+    bad = tmp_path / "session-1.json"
+    bad.write_text('{"format": "bench_core.session", "schema_version": 1, "environment": {}, "results": []\n'
+                   '<<<<<<< HEAD\n')
+    step = _step_from("abc", "s", [bad], [])
+    assert step.verdict == "inconclusive" and "cannot be read" in step.note and "conflict markers" in step.note
+    good = tmp_path / "session-2.json"
+    rec = {"scenario": "s", "comparison": {"verdict": "slower", "ratio": 1.2}, "rounds": {"round_log_ratios": [0.1]}}
+    doc = {"format": storage.SESSION_FORMAT, "schema_version": storage.SCHEMA_VERSION, "environment": {},
+           "results": [], "against": storage.against_section({}, {}, [rec], [("t", "not compared: gone")])}
+    good.write_text(json.dumps(doc))
+    assert _step_from("abc", "s", [good], []).ratio == 1.2
+    assert "not compared: gone" in _step_from("abc", "t", [good], []).note

@@ -162,6 +162,13 @@ def write_session(folder: Path, results: Sequence[Measurement], environment: Map
     return write_stamped_json(folder, "session", doc)
 
 
+def against_section(baseline: Mapping[str, Any], current: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
+                    one_side: Sequence[tuple[str, str]]) -> dict:
+    """A session file's side-by-side section: both revisions, each compared scenario's record (comparison, rounds,
+    code proof), and the scenarios measured on one side only with why; read back by `side_by_side_record`."""
+    return {"baseline": dict(baseline), "current": dict(current), "scenarios": [dict(r) for r in records],
+            "one_side": [{"scenario": n, "note": t} for n, t in one_side]}
+
 
 def baseline_path(folder: Path, name: str) -> Path:
     if isinstance(name, str) and len(name) > NAME_MAX:   # said as what it is, not as a wrong character
@@ -271,9 +278,25 @@ def _load_results(run: Mapping, path: Path, where: str) -> list[Measurement]:
 
 def load_session(path: Path) -> tuple[dict, list[Measurement]]:
     """Read a session file: (environment, measurements)."""
+    doc = session_doc(path)
+    return doc["environment"], _load_results(doc, path, "")
+
+
+def session_doc(path: Path) -> dict:
+    """A session file's whole document, its header checked: every reader of a session file goes through here."""
     doc = read_json(path)
     _check_header(doc, path, SESSION_FORMAT)
-    return doc["environment"], _load_results(doc, path, "")
+    return doc
+
+
+def side_by_side_record(doc: Mapping[str, Any], scenario: str) -> tuple[dict | None, list[str]]:
+    """A session document's side-by-side record of `scenario` (its comparison, rounds and code proof), or None
+    with the notes that say why it was measured on one side only."""
+    against = doc.get("against") or {}
+    recs = [r for r in against.get("scenarios", []) if r.get("scenario") == scenario]
+    if recs:
+        return recs[0], []
+    return None, [o["note"] for o in against.get("one_side", []) if o.get("scenario") == scenario]
 
 
 def _baseline(doc: Any, path: Path) -> tuple[dict, list[list[Measurement]]]:

@@ -19,9 +19,8 @@ def session_file(s, run, written: dict) -> str:
     """The session file; its path kept in `written` for the history's record of where the run came from."""
     against = None
     if s.revision is not None:
-        against = {"baseline": s.revision.revision.to_dict(), "current": s.revision.current.to_dict(),
-                   "scenarios": [r.to_dict() for r in s.side_by_side],
-                   "one_side": [{"scenario": n, "note": t} for n, t in s.one_side]}
+        against = storage.against_section(s.revision.revision.to_dict(), s.revision.current.to_dict(),
+                                          [r.to_dict() for r in s.side_by_side], s.one_side)
     p = storage.write_session(s.config.results_dir, s.results, s.environment, (),
                               [c.to_dict() for c in s.comparisons], against=against, replicas=s.replicas, run=run)
     written["session"] = p

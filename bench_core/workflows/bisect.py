@@ -17,7 +17,6 @@ middle steps used.
 """
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
@@ -27,8 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from bench_core.core.errors import BenchError
+from bench_core.core.errors import BenchError, StorageError
 from bench_core.deciding.verdicts import FASTER, INCONCLUSIVE, SLOWER, UNCHANGED
+from bench_core.files import storage
 
 
 class BisectError(BenchError):
@@ -259,14 +259,15 @@ def _add_submodules(repo: Path, tree: Path, commit: str, added: list[tuple[Path,
 def _step_from(commit: str, scenario: str, files: list[Path], tail: list[str]) -> Step:
     if not files:
         return Step(commit, INCONCLUSIVE, note="the run wrote no results: " + " / ".join(tail))
-    doc = json.loads(files[-1].read_text())
-    recs = [r for r in (doc.get("against") or {}).get("scenarios", []) if r["scenario"] == scenario]
-    if not recs:
-        why = [o["note"] for o in (doc.get("against") or {}).get("one_side", []) if o["scenario"] == scenario]
+    try:
+        rec, why = storage.side_by_side_record(storage.session_doc(files[-1]), scenario)
+    except StorageError as exc:
+        return Step(commit, INCONCLUSIVE, note=f"the run's session file cannot be read: {exc}")
+    if rec is None:
         return Step(commit, INCONCLUSIVE, note=f"scenario {scenario!r} was not compared: "
                                                f"{'; '.join(why) or 'no test measured it'}")
-    c = recs[0]["comparison"]
-    rounds = recs[0]["rounds"]
+    c = rec["comparison"]
+    rounds = rec["rounds"]
     n = len(rounds["round_log_ratios"]) if isinstance(rounds, dict) else len(rounds)
     return Step(commit, c["verdict"], c.get("ratio"), c.get("ci_low"), c.get("ci_high"), c.get("confidence"), n,
                 tuple(c.get("facts") or ()))

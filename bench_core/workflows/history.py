@@ -90,14 +90,15 @@ def report_page(h: History, results_dir: Path | None, commit_url: str | None, ge
 
 
 def _latest_with_comparisons(results_dir: Path | None):
-    import json
+    from bench_core.core.errors import StorageError
+    from bench_core.files.storage import session_doc
 
     if results_dir is None or not results_dir.is_dir():
         return None
     for path in sorted(results_dir.glob("session-*.json"), reverse=True):
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
+            doc = session_doc(path)
+        except (OSError, StorageError):
             continue
         if doc.get("comparisons"):
             return path, doc["comparisons"]
