@@ -103,10 +103,25 @@ def test_a_table_that_must_wrap_never_splits_a_scenario_name():
 
 
 def test_a_childs_colours_never_reach_a_reason_line(tmp_path):
-    from bench_core.files.exchange import log_tail
+    from bench_core.files.children import log_tail
 
     (tmp_path / "log").write_text("\x1b[33m==== 1 failed in 0.2s ====\x1b[0m\nERROR: \x1b[1mnot found\x1b[0m\n")
     assert log_tail(tmp_path / "log") == "==== 1 failed in 0.2s ==== / ERROR: not found"
+
+
+def test_a_child_run_to_its_end_says_its_exit_or_that_it_was_ended_at_its_limit_with_its_last_lines(tmp_path):
+    import sys
+
+    from bench_core.files.children import alive, run_logged
+
+    ended = []
+    done = run_logged([sys.executable, "-c", "print('one'); print('two'); raise SystemExit(3)"], tmp_path / "a.log",
+                      30, tail_lines=1, ending=lambda proc: ended.append(proc.poll()))
+    assert (done.code, done.tail, ended) == (3, "two", [3])   # ended (reaped) after a clean exit too
+    hung = run_logged([sys.executable, "-c", "import os, time; print(os.getpid()); print('waiting', flush=True); "
+                                             "time.sleep(60)"], tmp_path / "b.log", 2)
+    pid, waiting = (tmp_path / "b.log").read_text().split()
+    assert hung.code is None and hung.tail.endswith("waiting") and not alive(int(pid))
 
 
 CUSTOM_CONFTEST = """

@@ -4,19 +4,60 @@ process manager: whoever starts a child ends it through `end`, so every child en
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 GRACE_S = 5.0
+LIMIT_S = 600.0     # how long a child may take where its session sets no limit of its own
 STARTUP_S = 120.0   # a child that imports torch (and collects tests) takes seconds on a loaded runner: not a hang
 
 
 def start(argv: Sequence[str], **popen) -> subprocess.Popen:
     """A child process running `argv` (`popen`: subprocess.Popen's own keywords: pipes, log file, env, cwd)."""
     return subprocess.Popen(list(argv), **popen)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How a child run to its end ended: its exit code (None: it ran past its limit and was ended) and the last
+    lines of its log, for a reason line."""
+
+    code: int | None
+    tail: str
+
+
+def run_logged(argv: Sequence[str], log: Path, limit_s: float | None, *, tail_lines: int = 4,
+               ending: Callable[[subprocess.Popen], None] | None = None, **popen) -> Ran:
+    """`argv` run to its end, or ended once it runs past `limit_s` (None: no limit), also when this process is
+    interrupted; its output goes to the file `log` (never a pipe that fills up). `ending(proc)` ends it and what it
+    started (default: `end`), after a clean exit too: a grandchild it lost track of ends with the job."""
+    with open(log, "wb") as out:
+        proc = start(argv, stdout=out, stderr=subprocess.STDOUT, **popen)
+        try:
+            code = proc.wait(timeout=limit_s or None)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            (ending or end)(proc)
+    return Ran(code, log_tail(log, tail_lines))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")   # a child's colours (a project's addopts: --color=yes)
+
+
+def log_tail(path: Path, lines: int = 4) -> str:
+    """The last lines of a child's log, as plain text for a reason line."""
+    try:
+        text = _ANSI.sub("", Path(path).read_text(errors="replace"))
+    except OSError:
+        return ""
+    return " / ".join(text.strip().splitlines()[-lines:])
 
 
 def alive(pid: int) -> bool:

@@ -1,11 +1,10 @@
 """Files a parent and its child processes exchange: a distributed scenario's private folder (the spec the
-parent writes, each rank's status and traceback, each node's gathered result) and a child's log, whose last lines
-say why it failed.
+parent writes, each rank's status and traceback, each node's gathered result). A child's log is
+`children.run_logged`'s.
 """
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -21,23 +20,6 @@ RANK_SPEC, RANK_RESULT = "spec.json", "node{node}.result.json"
 def rank_exchange():
     """A private temporary folder for one launch, removed with everything in it when the context ends."""
     return tempfile.TemporaryDirectory(prefix="bench_core-ranks-")
-
-
-def open_log(path: Path):
-    """A launcher's output file (its ranks' prints and tracebacks), written by the child process."""
-    return open(path, "wb")
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")   # a child's colours (a project's addopts: --color=yes)
-
-
-def log_tail(path: Path, lines: int = 4) -> str:
-    """The last lines of a child's log, as plain text for a reason line."""
-    try:
-        text = _ANSI.sub("", Path(path).read_text(errors="replace"))
-    except OSError:
-        return ""
-    return " / ".join(text.strip().splitlines()[-lines:])
 
 
 def write_rank_spec(folder: Path, spec: Mapping[str, Any]) -> Path:

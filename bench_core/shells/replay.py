@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import traceback
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from bench_core.core.errors import ScenarioError
 from bench_core.core.scenario import thaw
-from bench_core.files import children, exchange, storage
+from bench_core.files import children, storage
 from bench_core.shells import options as opt
 from bench_core.workflows.side_by_side.capture import capture, instance_from
 
@@ -236,7 +235,7 @@ def replicator(session, request, name):
     fixtures, parameters and conftest files, measuring only; its measurement of this scenario comes back."""
     config = request.config
     root = Path(str(config.rootpath))
-    limit = (session.config.timeout_s or 600.0) + children.STARTUP_S
+    limit = (session.config.timeout_s or children.LIMIT_S) + children.STARTUP_S
 
     def replicate(warmup, repeats):
         with tempfile.TemporaryDirectory(prefix="bench_core-replica-") as tmp:
@@ -244,17 +243,10 @@ def replicator(session, request, name):
             # with the session's own conftest options (a model size, a compiler): the same test, asked the same way
             argv = replica_command(session, request.node.nodeid, root, config.inipath, out, warmup,
                                    repeats) + forwarded_args(config)
-            with exchange.open_log(log_path) as log:
-                env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}   # forwarded in argv already
-                env[NAMES_ENV] = json.dumps({request.node.nodeid: name})   # named as here, whatever it collects
-                proc = children.start(argv, cwd=str(root), stdout=log, stderr=subprocess.STDOUT, env=env)
-                try:
-                    code = proc.wait(timeout=limit)
-                except subprocess.TimeoutExpired:
-                    code = None
-                finally:
-                    children.end(proc)
-            tail = exchange.log_tail(log_path, 3)
+            env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}   # forwarded in argv already
+            env[NAMES_ENV] = json.dumps({request.node.nodeid: name})   # named as here, whatever it collects
+            ran = children.run_logged(argv, log_path, limit, tail_lines=3, cwd=str(root), env=env)
+            code, tail = ran.code, ran.tail
             if code is None:
                 raise ScenarioError(name, f"the fresh process ran past {limit:g} s and was ended: {tail}")
             m = storage.read_replica(out, name, session.environment) if out.exists() else None

@@ -18,7 +18,6 @@ middle steps used.
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -208,13 +207,8 @@ def pytest_step(root: Path, good: str, scenario: str, select: str, pytest_args: 
                 argv += ["--bench-threshold", f"{threshold:.4g}"]
             if rounds_factor > 1:   # the first look itself later: an undecided A/A does not run on by itself
                 argv += ["--bench-rounds", str(12 * rounds_factor), "--bench-max-rounds", str(36 * rounds_factor)]
-            with open(Path(tmp) / "log", "wb") as log:
-                proc = children.start(argv, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT)
-                try:
-                    proc.wait(timeout=timeout_s)
-                finally:
-                    children.end(proc)
-            tail = (Path(tmp) / "log").read_text(errors="replace").strip().splitlines()[-5:]
+            ran = children.run_logged(argv, Path(tmp) / "log", timeout_s, tail_lines=5, cwd=str(tree))
+            tail = [ran.tail] if ran.code is not None else [f"ran past {timeout_s:g} s and was ended", ran.tail]
             return _step_from(commit, scenario, sorted(out.glob("session-*.json")), tail)
     return decide
 

@@ -33,7 +33,7 @@ class Worker:
     `init`: {"side", "tree", "python", "file", "argv", "env", "roots", "threads", "device", "forwarded"} (see
     `replay.process_sides`)."""
 
-    def __init__(self, init: Mapping[str, Any], timeout_s: float = 600.0):
+    def __init__(self, init: Mapping[str, Any], timeout_s: float = children.LIMIT_S):
         self.init, self.side, self.timeout_s = dict(init), init["side"], timeout_s
         self.scenario, self.ran, self.child, self.profiled_in = "server", {}, None, None
         self._started, self._spec, self.key, self.environment = False, None, None, {}
@@ -249,7 +249,7 @@ class WorkerPool:
     another, because starting one (importing torch, collecting) costs seconds and serving a scenario less. A server
     that failed is ended and its slot started afresh; `close()` ends every one, by its own pid."""
 
-    def __init__(self, timeout_s: float = 600.0):
+    def __init__(self, timeout_s: float = children.LIMIT_S):
         self.timeout_s = timeout_s
         self._slots: dict[tuple, Worker] = {}
         self.started, self.scenarios = 0, set()     # what the session's process mode cost, for its report

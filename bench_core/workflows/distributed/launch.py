@@ -148,26 +148,18 @@ def run_ranks(name: str, spec: Mapping[str, Any], topology: Topology, timeout_s:
               launch: int = 0) -> dict:
     """Launch the ranks, wait, and return this node's gathered result; every failure is a ScenarioError that
     names the rank and its phase, with its traceback where it raised."""
-    from bench_core.files.exchange import log_tail, open_log, rank_exchange, read_rank_files, write_rank_spec
+    from bench_core.files.exchange import rank_exchange, read_rank_files, write_rank_spec
 
     with rank_exchange() as tmp:
         folder = Path(tmp)
         spec_path = write_rank_spec(folder, {**spec, "out_dir": str(folder)})
         log = folder / "launcher.log"
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
-        with open_log(log) as out:
-            proc = children.start(launch_command(topology, spec_path, rdzv_id(name, launch)), stdout=out,
-                                  stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
-            try:
-                code = proc.wait(timeout=timeout_s or None)
-                hung = False
-            except subprocess.TimeoutExpired:
-                code, hung = None, True
-            finally:   # also after a clean exit: a rank the launcher lost track of ends with the job
-                end_all(proc, folder, spec_path)
+        ran = children.run_logged(launch_command(topology, spec_path, rdzv_id(name, launch)), log, timeout_s,
+                                  ending=lambda proc: end_all(proc, folder, spec_path), env=env, cwd=os.getcwd())
+        code, tail = ran.code, ran.tail
         files = read_rank_files(folder)
-        tail = log_tail(log)
-        if hung:
+        if code is None:
             phases = ", ".join(f"rank {r} in '{d.get('phase')}'" for r, d in sorted(files["status"].items()))
             raise ScenarioError(name, f"its ranks ran past the time limit of {timeout_s:g} s and were ended "
                                       f"({phases or 'no rank had started'}; a rank waiting in a collective for a "

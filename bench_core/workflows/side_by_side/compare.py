@@ -11,6 +11,7 @@ from bench_core.core.errors import ScenarioError
 from bench_core.core.records import ColdStart, Measurement, Memory
 from bench_core.core.scenario import Scenario
 from bench_core.deciding.explained import explained
+from bench_core.files.children import LIMIT_S
 from bench_core.deciding.comparison import Comparison
 from bench_core.deciding.estimate import scenario_differences
 from bench_core.deciding.gate import decide_family
@@ -118,7 +119,7 @@ def worker_pool(session):
     if session.workers is None:
         from bench_core.workflows.worker import WorkerPool
 
-        session.workers = WorkerPool(session.config.timeout_s or 600.0)
+        session.workers = WorkerPool(session.config.timeout_s or LIMIT_S)
     return session.workers
 
 
