@@ -23,8 +23,8 @@ from bench_core.core.errors import ScenarioError, StorageError
 from bench_core.core.modes import GATE, GATED, PLAIN, REPLICA, SAVE, SERVE, SIDE_BY_SIDE
 from bench_core.core.records import Measurement
 from bench_core.core.scenario import Scenario
-from bench_core.deciding.comparison import Comparison, GateConfig
-from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
+from bench_core.deciding.comparison import Comparison, GateConfig, tally
+from bench_core.deciding.verdicts import NEW
 from bench_core.files import storage
 from bench_core.output import reporters, summary
 from bench_core.timing.counts import DEFAULT_REPEATS, DEFAULT_WARMUP, QUICK
@@ -386,20 +386,14 @@ class BenchSession(Ledger):
     def fails(self, c: Comparison | None) -> bool:
         """Slower, incomparable, or input that can never be decided: never green by accident. Strict: any
         comparison that decided nothing fails as well."""
-        if c is None:
-            return False
-        return c.verdict in (SLOWER, INCOMPARABLE) or c.unusable or bool(c.grown) or (
-            self.config.strict and c.verdict == INCONCLUSIVE)
+        return c is not None and c.fails(self.config.strict)
 
     def outcome(self) -> str:
         """One line: how many comparisons decided what, and what was not compared. Said even when nothing was
         decided."""
+        counted, decided, compared = tally(self.comparisons)
+        line = f"gate: {counted}"
         n = Counter(c.verdict for c in self.comparisons)
-        decided = n[SLOWER] + n[FASTER] + n[UNCHANGED]
-        compared = len(self.comparisons) - n[NEW]
-        line = (f"gate: {decided} of {compared} scenario(s) decided: {n[SLOWER]} slower, "
-                f"{n[FASTER]} faster, {n[UNCHANGED]} unchanged; {n[INCONCLUSIVE]} inconclusive, "
-                f"{n[INCOMPARABLE]} incomparable")
         new, missed = n[NEW] + len(self.new), len({name for name, _ in self.one_side} - self.new)
         line += f"; {missed} not compared (--bench-strict fails them)" if missed else ""
         gone = len(self.missing_from_run())

@@ -370,3 +370,14 @@ def test_the_gate_simulation_drives_the_gates_own_protocol():
     assert 0.75 * 2000 < seen < 0.85 * 2000      # 20% of processes are slow, and dropped
     told = sim.cell((0.03, True, math.log(1.3), "3", 20, 5, 16, {}, 10, True))
     assert told["rate"] >= 0.9 and told["mean_runs"] == 3
+
+
+def test_one_fail_rule_and_one_tally_for_every_gate():
+    from bench_core.deciding.comparison import Comparison, tally
+
+    c = lambda verdict, **kw: Comparison("s", verdict, "", 0.05, **kw)
+    assert [x.fails() for x in (c("slower"), c("incomparable"), c("unchanged", grown=("launches",)),
+                                c("inconclusive", unusable=True))] == [True] * 4
+    assert not c("faster").fails() and not c("inconclusive").fails() and c("inconclusive").fails(strict=True)
+    assert tally([c("slower"), c("faster"), c("inconclusive"), c("new")]) == (
+        "2 of 3 scenario(s) decided: 1 slower, 1 faster, 0 unchanged; 1 inconclusive, 0 incomparable", 2, 3)

@@ -5,10 +5,12 @@ reads, whichever method (stored baseline, side by side, rounds) produced it.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from bench_core.deciding.sequential import planned_looks
+from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
 
 DEFAULT_MAX_RUNS = 7
 
@@ -116,6 +118,12 @@ class Comparison:
     # two-level model: the posterior of the change, which gives the interval once the level is decided; not stored
     posterior: Any = field(default=None, repr=False, compare=False)
 
+    def fails(self, strict: bool = False) -> bool:
+        """Slower, incomparable, grown, or input that can never be decided: never green by accident. Strict: a
+        comparison that decided nothing fails as well. The one fail rule of every gate (pytest's and the CLI's)."""
+        return self.verdict in (SLOWER, INCOMPARABLE) or self.unusable or bool(self.grown) or (
+            strict and self.verdict == INCONCLUSIVE)
+
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         del d["posterior"]
@@ -126,3 +134,14 @@ class Comparison:
             d["spread_df"] = [finite(v) for v in self.spread_df]
         d["differences"] = {k: list(v) for k, v in self.differences.items()}
         return d
+
+
+def tally(comparisons) -> tuple[str, int, int]:
+    """Every gate's count of what it decided, in words ("2 of 3 scenario(s) decided: 1 slower, ..."), with how
+    many were decided and how many compared (new ones are not)."""
+    n = Counter(c.verdict for c in comparisons)
+    decided = n[SLOWER] + n[FASTER] + n[UNCHANGED]
+    compared = len(comparisons) - n[NEW]
+    return (f"{decided} of {compared} scenario(s) decided: {n[SLOWER]} slower, {n[FASTER]} faster, "
+            f"{n[UNCHANGED]} unchanged; {n[INCONCLUSIVE]} inconclusive, {n[INCOMPARABLE]} incomparable",
+            decided, compared)

@@ -13,9 +13,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from bench_core.deciding.comparison import tally
 from bench_core.deciding.gate import compare_sets, gate_advice
 from bench_core.deciding.signature import attach, latest
-from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW, SLOWER, UNCHANGED
+from bench_core.deciding.verdicts import INCONCLUSIVE, NEW
 from bench_core.core.errors import BenchError
 from bench_core.output.comparison_tables import comparison_table
 from bench_core.output.tables import session_table
@@ -90,19 +91,15 @@ def cmd_compare(ns) -> int:
         print("bench_core compare: no scenario is in both files: nothing was compared", file=sys.stderr)
         return EXIT_REGRESSED
     print(outcome(comps, gate), file=sys.stderr)
-    bad = [c for c in comps if c.verdict in (SLOWER, INCOMPARABLE) or c.grown or
-           (ns.bench_strict and c.verdict == INCONCLUSIVE)]
+    bad = [c for c in comps if c.fails(ns.bench_strict)]
     return EXIT_REGRESSED if bad or failed else EXIT_OK
 
 
 def outcome(comps, gate) -> str:
     """How many scenarios were decided, and what an undecided one lacked: the runs a verdict needs."""
     n = Counter(c.verdict for c in comps)
-    decided = n[SLOWER] + n[FASTER] + n[UNCHANGED]
     runs = sorted({c.candidate_runs for c in comps if c.candidate_runs})
-    line = (f"bench_core compare: {decided} of {len(comps) - n[NEW]} scenario(s) decided: {n[SLOWER]} slower, "
-            f"{n[FASTER]} faster, {n[UNCHANGED]} unchanged; {n[INCONCLUSIVE]} inconclusive, {n[INCOMPARABLE]} "
-            f"incomparable" + (f"; {n[NEW]} new" if n[NEW] else ""))
+    line = f"bench_core compare: {tally(comps)[0]}" + (f"; {n[NEW]} new" if n[NEW] else "")
     if n[INCONCLUSIVE] and runs and max(runs) < gate.min_runs:
         line += (f" (a verdict needs {gate.min_runs} candidate runs, fresh processes, and these files hold "
                  f"{'/'.join(map(str, runs))}: gate in pytest, which starts them, or pass --min-runs)")
