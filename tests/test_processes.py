@@ -291,7 +291,7 @@ def test_every_measuring_process_gets_the_sessions_malloc_policy_and_results_rec
     for policy in ("pinned", "as-is"):
         session = SimpleNamespace(config=SessionConfig(results_dir=None, malloc=policy))
         argv = replica_command(session, "t.py::test", tmp_path, None, tmp_path / "r.json", 1, 3)
-        assert f"--bench-malloc={policy}" in argv
+        assert f"--bench-malloc={policy}" in argv and argv[argv.index("no:xdist") - 1] == "-p"   # alone on its cores
 
     cpu = {"device": "cpu", "cpu_model": "x", "cpu_count": 2}
     assert differences({**cpu, "malloc": "pinned"}, {**cpu, "malloc": "as-is"}) == {"malloc": ("pinned", "as-is")}

@@ -218,16 +218,23 @@ def forwarded_args(config) -> list[str]:
     return out
 
 
-def server_command(python: str, file: Path, tree: Path, inifile: Path | None, *, device: str, quick: bool,
-                   threads: int | None, timeout_s: float | None) -> list[str]:
-    """The pytest command of a side's server: that side's test file, collected in its own tree, measuring nothing
-    itself (no files, no gate)."""
-    argv = [python, "-m", "pytest", str(file), "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly",
-            f"--rootdir={tree}", opt.NO_OUT, f"{opt.THREADS}={'auto' if threads is None else threads}",
+def pytest_child(python: str, target: str, root: Path, inifile: Path | None, *, device: str, quick: bool,
+                 threads: int | None, timeout_s: float | None) -> list[str]:
+    """The pytest command of every child bench_core starts (a side's server, the gate's fresh process): `target`
+    collected under `root` with this session's device, threads, limit and quick mode, writing no files of its own,
+    alone on its cores (no xdist) and in file order (no randomly)."""
+    argv = [python, "-m", "pytest", target, "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly",
+            f"--rootdir={root}", opt.NO_OUT, f"{opt.THREADS}={'auto' if threads is None else threads}",
             f"{opt.TIMEOUT}={timeout_s or 0}"]
-    argv += ["-c", str(inifile)] if inifile is not None and inifile.exists() else []
+    argv += ["-c", str(inifile)] if inifile is not None and Path(inifile).exists() else []
     argv += [opt.GPU] if device == "cuda" else []
     return argv + ([opt.QUICK] if quick else [])
+
+
+def server_command(python: str, file: Path, tree: Path, inifile: Path | None, **session) -> list[str]:
+    """The pytest command of a side's server: that side's test file, collected in its own tree, measuring nothing
+    itself (no files, no gate); its output uncaptured, as the test prints it."""
+    return pytest_child(python, str(file), tree, inifile, **session) + ["-s"]
 
 
 def replicator(session, request, name):
@@ -261,12 +268,9 @@ def replica_command(session, nodeid: str, root: Path, inipath, out: Path, warmup
     """The pytest command that runs one test item again in a fresh process, measuring only (no gate, no files
     but the replica's), with this session's device, counts and threads."""
     c = session.config
-    argv = [sys.executable, "-m", "pytest", nodeid, "-q", "-p", "no:cacheprovider", f"--rootdir={root}",
-            "--bench-no-out", f"{opt.REPLICA}={out}", f"{opt.WARMUP}={warmup}", f"{opt.REPEATS}={repeats}",
-            f"{opt.THREADS}={'auto' if c.threads is None else c.threads}", f"{opt.TIMEOUT}={c.timeout_s or 0}"]
-    argv += ["-c", str(inipath)] if inipath else []
-    argv += [opt.GPU] if c.device == "cuda" else []
+    argv = pytest_child(sys.executable, nodeid, root, inipath, device=c.device, quick=c.quick, threads=c.threads,
+                        timeout_s=c.timeout_s)
+    argv += [f"{opt.REPLICA}={out}", f"{opt.WARMUP}={warmup}", f"{opt.REPEATS}={repeats}"]
     argv += [f"{opt.CACHE}={c.cache}"] if c.cache else []    # a fresh process asks the same question
     argv += [opt.GRAPH] if c.graph else []
-    argv += [f"{opt.MALLOC}={c.malloc}"]       # the fresh process settles it itself, at its own start
-    return argv + ([opt.QUICK] if c.quick else [])
+    return argv + [f"{opt.MALLOC}={c.malloc}"]       # the fresh process settles it itself, at its own start
