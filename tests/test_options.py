@@ -18,7 +18,8 @@ def _cli_actions(*subcommands: str) -> dict:
 
 def test_every_cli_option_that_the_plugin_has_is_the_same_option():
     shared = [o for o in opt.OPTIONS if o.cli]
-    actions = {**_cli_actions("history", "show"), **_cli_actions("compare")}
+    actions = {**_cli_actions("history", "show"), **_cli_actions("compare"),
+               "--build": _cli_actions("bisect")["--build"]}
     assert {o.cli for o in shared} <= set(actions) | {"--baselines"}
     for o in shared:
         a = actions[o.cli]

@@ -97,6 +97,8 @@ def comparison_lines(s) -> list[str]:
         commit = s.revision.revision.commit
         lines.append(f"baseline = {s.revision.revision.label} ({commit[:12] if commit else 'no commit'}); "
                      f"current = {s.revision.current.describe()}")
+        if s.revision.compiled is not None:
+            lines.append(s.revision.compiled.said)
         methods: dict[str, list[str]] = {}
         for c in s.comparisons:
             methods.setdefault(c.method, []).append(c.name)

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from bench_core.deciding.comparison import tally
@@ -196,8 +197,13 @@ def cmd_bisect(ns) -> int:
     try:
         good, bad = bisect.resolve(root, ns.good), bisect.resolve(root, ns.bad)
         commits = bisect.commits_between(root, good, bad)
-        decide = bisect.pytest_step(root, good, ns.scenario, ns.select or ns.scenario, ns.pytest_args)
+        decide = bisect.pytest_step(root, good, ns.scenario, ns.select or ns.scenario, ns.pytest_args,
+                                    build=ns.bench_build)
         found = bisect.search(good, commits, ns.scenario, decide, alpha=ns.alpha, min_change=ns.min_change)
+        if ns.bench_build:   # the plan says what each step costs besides its measuring
+            found = replace(found, notes=found.notes + (
+                f"each commit tested was first built with {ns.bench_build!r} in its worktree, outside every timed "
+                f"window (cached in {root / '.bench' / 'builds'}: a commit built once is never built again)",))
     except (BenchError, ValueError) as exc:
         print(f"bench_core bisect: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -275,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the smallest slowdown worth searching for, a fraction (0.05): BAD undecided, but with an "
                          "interval below it, is no change in range")
     bi.add_argument("--repo", default=".", help="the git repository (the current folder)")
+    opt.add_to_cli(bi, opt.BUILD)
     bi.set_defaults(func=cmd_bisect, pytest_args=[])
     bi.epilog = "pytest's own arguments for each step follow a --, e.g. -- benchmarks --bench-threads 1"
     return ap

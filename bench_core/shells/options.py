@@ -79,6 +79,7 @@ AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-
 NPROC, NNODES, NODE_RANK, RDZV = "--bench-nproc", "--bench-nnodes", "--bench-node-rank", "--bench-rdzv-endpoint"
 PB_JSON, REF_SAVE, REFS, REPLICA = "--bench-pb-json", "--bench-ref-save", "--bench-references", "--bench-replica"
 AGAINST_PROCESSES, AGAINST_PYTHON, SERVE = "--bench-against-processes", "--bench-against-python", "--bench-serve"
+BUILD = "--bench-build"
 MALLOC, PB_FIXTURE = "--bench-malloc", "--bench-pb-fixture"
 CACHE, GRAPH = "--bench-cache", "--bench-graph"
 PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK = ("--bench-profile", "--bench-profile-shapes",
@@ -103,6 +104,9 @@ def _against_options() -> tuple[Option, ...]:
         Option(AGAINST_PYTHON, "run the revision's side in this interpreter (another virtual environment: did the "
                                "torch upgrade slow my model?); alone, without --bench-against, the revision is this "
                                "tree, so the two sides differ only in their environments", str, metavar="PYTHON"),
+        Option(BUILD, "with --bench-against, for a project with compiled code whose sources differ in the revision: "
+                      "the command that builds it in place (e.g. 'python setup.py build_ext --inplace'), run in the "
+                      "revision's tree once and cached", str, metavar="CMD", setting=True, cli="--build"),
         Option(SERVE, "(used by --bench-against's process mode) serve test items to the process that started this "
                       "one, over pipe descriptors R,W", str, metavar="R,W"),
         Option(MAX_ROUNDS, "with --bench-against: a possible change the first look leaves undecided runs on, a look "
@@ -246,7 +250,7 @@ GROUPS = (
       MAX_RUNS, WINDOW, ADJUST)),
     ("against", "bench_core: side by side with a revision (tuning: --bench-rounds, --bench-pairs, "
                 "--bench-max-rounds, --bench-worker-pairs; docs/running.md)",
-     (AGAINST, AGAINST_PROCESSES, AGAINST_PYTHON, ROUNDS, PAIRS, MAX_ROUNDS, WORKER_PAIRS, SERVE, REPLICA)),
+     (AGAINST, AGAINST_PROCESSES, AGAINST_PYTHON, BUILD, ROUNDS, PAIRS, MAX_ROUNDS, WORKER_PAIRS, SERVE, REPLICA)),
     ("work", "bench_core: what a step does, counted", (SIGNATURE, NO_GROWTH, INSTRUCTIONS)),
     ("diagnose", "bench_core: diagnose and validation (--bench-profile-shapes, -memory, -stack, -flops, "
                  "-tensorboard, -refuse-sensitive: docs/diagnose.md)",
@@ -424,7 +428,7 @@ def against_config(value: Values):
                              f"environment's python, e.g. ../venv-torch212/bin/python)")
         python = str(Path(found).absolute())
     return AgainstConfig(value(AGAINST), **{k: v for k, v in kw.items() if v is not None},
-                         processes_only=value(AGAINST_PROCESSES), python=python)
+                         processes_only=value(AGAINST_PROCESSES), python=python, build=value(BUILD) or None)
 
 
 def no_growth(text: str | None) -> tuple[str, ...]:

@@ -126,6 +126,14 @@ def _session(config):
     return config.stash.get(_KEY, None)
 
 
+def pytest_report_header(config):
+    """What the run decided before measuring anything that a reader must know first: how a revision's side got
+    its compiled code (reused, built, cached)."""
+    bench = _session(config)
+    compiled = bench.revision.compiled if bench is not None and bench.revision is not None else None
+    return [f"bench_core: {compiled.said}"] if compiled is not None else []
+
+
 def pytest_collection_modifyitems(config, items):
     if not config.getoption(opt.GPU):
         skip = pytest.mark.skip(reason=f"needs a CUDA device: run with {opt.GPU}")

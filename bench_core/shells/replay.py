@@ -50,6 +50,8 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     if a.in_processes:
         why = f"{opt.AGAINST_PYTHON} {a.python}" if a.python else opt.AGAINST_PROCESSES
         return _in_processes(session, request, scenario, live, path, function, kwargs, f"asked for ({why})")
+    if loaded.compiled is not None:   # two builds of one extension module: never in one process
+        return _in_processes(session, request, scenario, live, path, function, kwargs, loaded.compiled.why)
     if request.cls is not None:   # a method needs its class's instance, which only a side's own pytest makes
         return _in_processes(session, request, scenario, live, path, function, kwargs,
                              f"a test method ({request.cls.__name__}.{request.function.__name__}) is run by each "
@@ -84,8 +86,9 @@ def fixture_values(request):
 
 def _in_processes(session, request, scenario, live, path, function, kwargs, why):
     sides = process_sides(session, request, scenario.name, path, function)
-    return session.run_against_processes(scenario, live, sides, items=kwargs.get("items"),
-                                         proof={"why_processes": why})
+    compiled = session.revision.compiled
+    return session.run_against_processes(scenario, live, sides, items=kwargs.get("items"), proof={
+        "why_processes": why, **({"compiled": compiled.to_dict()} if compiled is not None else {})})
 
 
 def new_here(loaded, request, name) -> bool:
@@ -163,6 +166,8 @@ def process_sides(session, request, name, path, function):
     here = Path(str(request.config.rootpath)).resolve()
     ini = Path(str(request.config.inipath)).resolve() if request.config.inipath else None
     trees = [str(loaded.current_root), str(loaded.root)]
+    if loaded.compiled is not None:   # what a side loaded from either side's just-in-time builds is reported too
+        trees += [str(loaded.compiled.extensions_folder(s)) for s in ("candidate", "baseline")]
     forwarded = forwarded_args(request.config)
 
     def side(label, tree, file, func, python):
@@ -172,10 +177,12 @@ def process_sides(session, request, name, path, function):
         argv = server_command(python, file, moved(here) if inside(here) else tree,
                               moved(ini) if inside(ini) else None, device=c.device, quick=c.quick,
                               threads=c.threads, timeout_s=c.timeout_s) + forwarded
+        env = server_env(roots, c.malloc)
+        if loaded.compiled is not None:   # each side's just-in-time extensions built in a folder of its own
+            env["TORCH_EXTENSIONS_DIR"] = str(loaded.compiled.extensions_folder(label))
         init = {"side": label, "tree": str(tree), "python": python, "file": str(file), "roots": trees,
                 "forwarded": forwarded,
-                "threads": c.threads, "device": c.device, "argv": argv, "env": server_env(roots, c.malloc),
-                "signature": c.signature}
+                "threads": c.threads, "device": c.device, "argv": argv, "env": env, "signature": c.signature}
         spec = {"scenario": name, "file": str(file), "function": func,
                 "param_id": getattr(getattr(request.node, "callspec", None), "id", None),
                 "cls": request.cls.__name__ if request.cls is not None else None}   # two classes, one method name

@@ -188,12 +188,19 @@ def resolve(root: Path, rev: str) -> str:
 
 
 def pytest_step(root: Path, good: str, scenario: str, select: str, pytest_args: Sequence[str], *,
-                timeout_s: float = 3600.0):
+                timeout_s: float = 3600.0, build: str | None = None):
     """`decide` for `search`: the commit checked out in a temporary worktree (data the user's tree does not
     track linked in, as --bench-against does), `pytest PYTEST_ARGS -k SELECT --bench-against GOOD` run there, and
-    its decision for `scenario` read from its session file."""
+    its decision for `scenario` read from its session file. `build`: the project's compiled code is built in place
+    in each commit's worktree first (and GOOD's by the step's own --bench-build), each build cached in the
+    project's `.bench/builds`, so a commit built once is never built again."""
+    import os
+
     from bench_core.files import children
+    from bench_core.workflows.side_by_side import compiled
     from bench_core.workflows.side_by_side.revisions import link_untracked
+
+    cache = compiled.cache_folder(root / ".bench" / "builds")
 
     def decide(commit: str, alpha: float, rounds_factor: int, threshold: float | None = None) -> Step:
         with tempfile.TemporaryDirectory(prefix="bench_core-bisect-") as tmp, \
@@ -207,7 +214,15 @@ def pytest_step(root: Path, good: str, scenario: str, select: str, pytest_args: 
                 argv += ["--bench-threshold", f"{threshold:.4g}"]
             if rounds_factor > 1:   # the first look itself later: an undecided A/A does not run on by itself
                 argv += ["--bench-rounds", str(12 * rounds_factor), "--bench-max-rounds", str(36 * rounds_factor)]
-            ran = children.run_logged(argv, Path(tmp) / "log", timeout_s, tail_lines=5, cwd=str(tree))
+            env = None
+            if build:
+                try:
+                    compiled.ensure_built(root, tree, commit, commit[:12], build, cache)
+                except compiled.CompiledError as exc:
+                    return Step(commit, INCONCLUSIVE, note=str(exc))
+                argv += ["--bench-build", build]
+                env = {**os.environ, compiled.CACHE_ENV: str(cache)}
+            ran = children.run_logged(argv, Path(tmp) / "log", timeout_s, tail_lines=5, cwd=str(tree), env=env)
             tail = [ran.tail] if ran.code is not None else [f"ran past {timeout_s:g} s and was ended", ran.tail]
             return _step_from(commit, scenario, sorted(out.glob("session-*.json")), tail)
     return decide

@@ -11,6 +11,7 @@ from bench_core.core.errors import ScenarioError
 from bench_core.core.records import ColdStart, Measurement, Memory
 from bench_core.core.scenario import Scenario
 from bench_core.deciding.explained import explained
+from bench_core.files.atomic import ignored_by_git
 from bench_core.files.children import LIMIT_S
 from bench_core.deciding.comparison import Comparison
 from bench_core.deciding.estimate import scenario_differences
@@ -54,6 +55,7 @@ class AgainstConfig:
     process_rounds: int = 2  # worker mode: rounds of fresh instances in each pair
     processes_only: bool = False   # every scenario in process mode, not only where one process cannot hold both
     python: str | None = None      # the revision's side in this interpreter (another environment)
+    build: str | None = None       # how the project builds its compiled code in place, run in the revision's tree
 
     def __post_init__(self):
         if self.rounds < 3 or self.pairs < 1:
@@ -109,9 +111,19 @@ def open_revision(session, root: Path) -> None:
     so that a step that frees large blocks does not fault them in afresh on some calls and not others.)"""
     from bench_core.workflows.side_by_side.revisions import LoadedRevision
 
+    from bench_core.workflows.side_by_side import compiled
+
     c = session.config   # its stored baselines and references are data, not code: they never make the tree dirty
     own = [p if p.suffix == "" else p.parent for p in (c.results_dir, c.history) if p is not None]
-    session.revision = LoadedRevision(root, c.against.rev, data=(c.baselines_dir, c.references_dir, *own))
+    session.revision = loaded = LoadedRevision(root, c.against.rev, data=(c.baselines_dir, c.references_dir, *own))
+    if c.against.rev is None:   # one tree in two interpreters: no second tree to give binaries to
+        return
+    code = compiled.survey(loaded.current_root, loaded.root, loaded.revision.commit)
+    if code.present:   # before any scenario: a revision that cannot get binaries of its own stops the run here
+        cache = compiled.cache_folder(loaded.current_root / ".bench" / "builds")
+        ignored_by_git(cache)
+        loaded.compiled = compiled.prepare(code, loaded.current_root, loaded.root, loaded.revision.label,
+                                           loaded.revision.commit, c.against.build, cache)
 
 
 def worker_pool(session):
@@ -319,8 +331,11 @@ def _check_processes(name: str, ran: Mapping[str, list], loaded) -> None:
     trees = {"candidate": (loaded.current_root, loaded.root), "baseline": (loaded.root, loaded.current_root)}
     for side, reports in ran.items():
         own, other = trees[side]
+        theirs = None if loaded.compiled is None else \
+            loaded.compiled.extensions_folder("baseline" if side == "candidate" else "candidate")
         for report in reports:
-            wrong = crossed(report.get("files", {}), own, other)
+            files = report.get("files", {})
+            wrong = crossed(files, own, other) + ([f for f in files if theirs and Path(f).is_relative_to(theirs)])
             if wrong:
                 raise ScenarioError(name, f"the {side}'s process loaded {', '.join(wrong)} from the other side's "
                                           f"tree, where it differs: it did not run its own code (is the project "

@@ -154,7 +154,8 @@ def _checkout_submodule(repo: Path, path: str, commit: str, into: Path, label: s
 LEFT_OUT = {".git", "__pycache__", ".bench", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 
-CODE = {".py", ".pyx", ".pxd", ".so", ".pyd"}
+CODE = {".py", ".pyx", ".pxd", ".so", ".pyd", ".o", ".obj"}
+BUILD_OUTPUT = {"build", "dist", ".eggs"}   # a build's own folders: a revision's build writes its own, never this tree's
 OPERATOR_MARKERS = ("torch.library", "custom_op", "TORCH_LIBRARY", "cpp_extension")
 
 
@@ -163,12 +164,13 @@ def link_untracked(current_root: Path, tree: Path) -> list[str]:
     or ignored file or folder of the current tree (data, weights, a virtual environment, local settings) is
     visible to REV's side too, linked at the same path wherever REV's tree has nothing there; code that git
     does not track (a Python file or extension, a folder with Python files in it) is not, since REV never had
-    it, and caches are left out. Returns the paths linked."""
+    it, and caches and a build's own folders (`build/`, `dist/`) are left out. Returns the paths linked."""
     out = _git(current_root, "ls-files", "-z", "--others", "--directory", "--no-empty-directory")
     linked = []
     for rel in (p.rstrip("/") for p in out.stdout.split("\0") if p):
         parts, source = Path(rel).parts, current_root / rel
-        if any(part in LEFT_OUT or part.endswith(".egg-info") for part in parts) or source.suffix in CODE or (
+        if any(part in LEFT_OUT or part.endswith(".egg-info") for part in parts) or parts[0] in BUILD_OUTPUT or \
+                source.suffix in CODE or (
                 source.is_dir() and any(p.suffix in CODE for p in source.iterdir())):
             continue
         target = tree / rel
@@ -389,6 +391,7 @@ class LoadedRevision:
         self._declared: dict[str, list[tuple[Path, str]]] | None = None
         self._operator_code: list[str] | None = None
         self._sys_path = sys_path
+        self.compiled = None   # compiled.Prepared: how REV's side got its compiled code, where the project has any
         if rev is None:   # this tree itself, to be run in another interpreter: nothing to extract or load here
             self.revision, self.root, self._tmp, self.importer = self.current, self.current_root, None, None
             self._operator_code = []

@@ -1,0 +1,299 @@
+"""Packages with compiled code, side by side: what the two trees hold (extension modules built in the work tree,
+the C/C++/CUDA/Cython sources and the build inputs they come from), and how the revision's side gets binaries of
+its own: the work tree's reused where every compiled input is identical, built by the project's declared command
+where they differ (once per revision tree, interpreter, torch and compiler: cached), and refused where they differ
+and nothing declares how to build them. Just-in-time extensions (`torch.utils.cpp_extension.load`) are compiled
+by each side's own process, each in a build folder of its own.
+
+One process cannot hold two builds of one extension module (the second import returns the first), so a project
+with compiled code is compared with each side in a process of its own, always.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable
+
+from bench_core.core.errors import BenchError
+from bench_core.files import children, git
+from bench_core.files.atomic import atomic_write, dump_json
+from bench_core.files.storage import read_json
+
+EXTENSION_SUFFIXES = tuple(sorted(set(importlib.machinery.EXTENSION_SUFFIXES) | {".so", ".pyd"}, key=len,
+                                  reverse=True))
+SOURCE_SUFFIXES = frozenset({".c", ".cc", ".cpp", ".cxx", ".c++", ".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx",
+                             ".inl", ".pyx", ".pxd", ".pxi"})
+BUILD_FILES = frozenset({"setup.py", "setup.cfg", "CMakeLists.txt", "meson.build"})
+# the tables of pyproject.toml that say how to build (the rest, [tool.pytest] or [tool.bench_core], do not)
+PYPROJECT_BUILD = (("build-system",), ("tool", "setuptools"), ("tool", "scikit-build"), ("tool", "meson-python"),
+                   ("tool", "cython"))
+# folders that are not the project's own importable code: build trees, environments, caches
+NOT_THE_PROJECT = frozenset({".git", "__pycache__", ".bench", ".pytest_cache", "build", "dist", ".venv", "venv",
+                             ".tox", ".nox", "site-packages", "node_modules", ".eggs"})
+BUILD_LIMIT_S = 3600.0
+CACHE_ENV = "BENCH_CORE_BUILD_CACHE"   # where builds are cached, for the processes bisect starts in its worktrees
+
+
+class CompiledError(BenchError):
+    """The revision's side cannot get binaries of its own: the message says which files and what to do."""
+
+
+def is_extension(rel: str) -> bool:
+    return Path(rel).name.endswith(EXTENSION_SUFFIXES)
+
+
+def _project_file(rel: str) -> bool:
+    parts = Path(rel).parts
+    return not any(p in NOT_THE_PROJECT or p.endswith(".egg-info") for p in parts[:-1])
+
+
+def _source(rel: str) -> bool:
+    return Path(rel).suffix in SOURCE_SUFFIXES and _project_file(rel)
+
+
+def _build_input(rel: str) -> bool:
+    return Path(rel).name in BUILD_FILES | {"pyproject.toml"} and _project_file(rel)
+
+
+def _digest(path: Path) -> str | None:
+    """A compiled input's content, hashed; pyproject.toml by its build tables only. None: the tree lacks it."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if path.name == "pyproject.toml":
+        try:
+            doc = tomllib.loads(data.decode("utf-8", errors="replace"))
+        except tomllib.TOMLDecodeError:
+            return hashlib.sha256(data).hexdigest()
+        tables = {}
+        for keys in PYPROJECT_BUILD:
+            node = doc
+            for k in keys:
+                node = node.get(k) if isinstance(node, dict) else None
+            tables[".".join(keys)] = node
+        data = json.dumps(tables, sort_keys=True, default=str).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def _listing(root: Path, *args: str) -> list[str]:
+    out = git.run(root, *args)
+    return [p for p in out.stdout.split("\0") if p] if out.returncode == 0 else []
+
+
+def built_in(root: Path) -> list[str]:
+    """Extension modules in the work tree that git does not track (built there: `pip install -e .`,
+    `setup.py build_ext --inplace`), outside build folders and environments."""
+    return sorted(rel for rel in _listing(root, "ls-files", "-z", "--others")
+                  if is_extension(rel) and _project_file(rel) and (root / rel).is_file())
+
+
+@dataclass(frozen=True)
+class CompiledCode:
+    """What the two trees hold of compiled code: the work tree's built extension modules, the compiled sources
+    and build inputs of either tree, and which of those differ between the trees."""
+
+    built: tuple[str, ...]
+    sources: tuple[str, ...]
+    differ: tuple[str, ...]
+
+    @property
+    def present(self) -> bool:
+        return bool(self.built or self.sources)
+
+
+def survey(current_root: Path, rev_root: Path, commit: str) -> CompiledCode:
+    """The compiled code of the work tree at `current_root` and of the revision `commit` extracted at `rev_root`.
+    Build inputs (setup.py, pyproject.toml's build tables) count only where there is compiled code at all."""
+    here = set(_listing(current_root, "ls-files", "-z", "--cached", "--others", "--exclude-standard"))
+    there = set(_listing(current_root, "ls-tree", "-r", "-z", "--name-only", commit))
+    built = built_in(current_root)
+    sources = sorted(rel for rel in here | there if _source(rel))
+    if not built and not sources:
+        return CompiledCode((), (), ())
+    inputs = sources + sorted(rel for rel in here | there if _build_input(rel))
+    differ = [rel for rel in inputs if _digest(current_root / rel) != _digest(rev_root / rel)]
+    return CompiledCode(tuple(built), tuple(sources), tuple(differ))
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """How the revision's side got its compiled code: `how` is "reused" (the work tree's binaries, copied: every
+    compiled input identical), "built" (by the declared command, `build_s` seconds, outside every timed window),
+    "cached" (built by an earlier run), or "own" (nothing built ahead of time: each side compiles its own)."""
+
+    how: str
+    files: tuple[str, ...]
+    said: str
+    build_s: float | None = None
+    log: str | None = None
+    why: str = ""                       # why each side runs in a process of its own
+    sources: tuple[str, str] = ("", "")   # a digest of each side's compiled sources (current, revision)
+    cache: str = ""
+
+    def to_dict(self) -> dict:
+        return {"how": self.how, "files": list(self.files), "said": self.said, "build_s": self.build_s,
+                "log": self.log}
+
+    def extensions_folder(self, side: str) -> Path:
+        """The build folder of one side's just-in-time extensions (TORCH_EXTENSIONS_DIR): one per side and content
+        of its compiled sources, so two sides never share or overwrite a build, and a second run finds its own."""
+        digest = self.sources[0 if side == "candidate" else 1]
+        return Path(self.cache) / "torch_extensions" / f"{side}-{digest}"
+
+
+def _shown(files: Iterable[str], n: int = 4) -> str:
+    files = list(files)
+    return ", ".join(files[:n]) + (f" and {len(files) - n} more" if len(files) > n else "")
+
+
+def prepare(code: CompiledCode, current_root: Path, rev_root: Path, label: str, commit: str, build: str | None,
+            cache: Path) -> Prepared:
+    """Give the revision's tree at `rev_root` the compiled code its side runs, or raise CompiledError."""
+    return replace(_prepared(code, current_root, rev_root, label, commit, build, cache),
+                   why=f"the project has compiled code ({_shown(code.built or code.sources, 2)}), and one process "
+                       f"cannot hold two builds of one extension module",
+                   sources=(_sources_digest(current_root, code.sources), _sources_digest(rev_root, code.sources)),
+                   cache=str(cache))
+
+
+def _sources_digest(root: Path, sources: Iterable[str]) -> str:
+    parts = [(rel, _digest(root / rel)) for rel in sources]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str, commit: str, build: str | None,
+              cache: Path) -> Prepared:
+    if not code.built:
+        why = ("compiled sources differ" if code.differ else "compiled sources identical") + \
+              ", nothing built ahead of time in this tree"
+        return Prepared("own", (), f"compiled code: {why}: each side's process compiles its own (just-in-time "
+                                   f"extensions in a build folder of each side's own)")
+    if not code.differ:
+        for rel in code.built:
+            _copy(current_root / rel, rev_root / rel)
+        return Prepared("reused", code.built, f"compiled code: every compiled source and build input is identical in "
+                                              f"{label}: its side runs copies of this tree's built "
+                                              f"{_shown(code.built)}")
+    if not build:
+        raise CompiledError(
+            f"compiled code differs between {label} and this tree ({_shown(code.differ)}), and this tree runs "
+            f"extension modules built from it ({_shown(code.built)}): {label}'s side needs a build of its own, and "
+            f"measuring it with this tree's binary would compare one build with itself. Declare how the project "
+            f"builds in place, in pyproject.toml: [tool.bench_core] build = \"python setup.py build_ext --inplace\" "
+            f"(or --bench-build CMD); docs/compiled.md")
+    return _built(rev_root, label, commit, build, cache, current_root, code.differ)
+
+
+def build_key(root: Path, commit: str, build: str) -> str:
+    """A build's cache key: the revision's tree, this interpreter, torch's version, the compiler, the command."""
+    tree = git.output(root, "rev-parse", f"{commit}^{{tree}}") or commit
+    try:
+        from importlib.metadata import version
+
+        torch = version("torch")
+    except Exception:  # noqa: BLE001 - not installed: part of the key all the same
+        torch = None
+    parts = [tree, sys.executable, sys.version, torch, compiler(), build]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
+
+
+def compiler() -> str | None:
+    """The C++ compiler a build would use ($CXX, else c++), by its own first line of --version; None: not found."""
+    cxx = os.environ.get("CXX") or "c++"
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{cxx}: {(out.stdout.strip().splitlines() or [''])[0]}"
+
+
+def cache_folder(project_cache: Path) -> Path:
+    """Where builds are cached: the project's (`.bench/builds`), or the one a parent process named."""
+    return Path(os.environ.get(CACHE_ENV) or project_cache)
+
+
+@dataclass(frozen=True)
+class Built:
+    """A tree given its build: the extension modules the build made in it, whether they came from the cache,
+    how long the build took (None: cached), its log, and its cache entry."""
+
+    files: tuple[str, ...]
+    cached: bool
+    seconds: float | None
+    log: str
+    entry: Path
+
+
+def ensure_built(git_root: Path, tree: Path, commit: str, label: str, build: str, cache: Path) -> Built:
+    """`tree` (commit `commit` of the repository at `git_root`, extracted) given the extension modules `build`
+    makes in place: copied from the cache where this tree, interpreter, torch and compiler built them before, else
+    built now (in `tree`, by this interpreter: first on PATH, and $PYTHON) and cached. CompiledError on failure."""
+    key = build_key(git_root, commit, build)
+    entry, log = cache / key, cache / "logs" / f"{key}.log"
+    manifest = entry / "manifest.json"
+    if manifest.is_file():
+        doc = read_json(manifest)
+        for rel in doc["files"]:
+            _copy(entry / "files" / rel, tree / rel)
+        return Built(tuple(doc["files"]), True, None, doc.get("log", str(log)), entry)
+    tracked = set(_listing(git_root, "ls-tree", "-r", "-z", "--name-only", commit))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHON": sys.executable,
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    env.pop(CACHE_ENV, None)
+    started = time.monotonic()
+    ran = children.run_logged(["/bin/sh", "-c", build], log, BUILD_LIMIT_S, tail_lines=3, cwd=str(tree), env=env)
+    seconds = time.monotonic() - started
+    if ran.code != 0:
+        what = f"ran past {BUILD_LIMIT_S:g} s and was ended" if ran.code is None else f"failed (exit {ran.code})"
+        raise CompiledError(f"building {label} ({commit[:12]}) with {build!r} {what}; its log is {log}: {ran.tail}")
+    files = sorted(rel for rel in _walk(tree) if is_extension(rel) and rel not in tracked)
+    if not files:
+        raise CompiledError(f"building {label} ({commit[:12]}) with {build!r} built no extension module inside its "
+                            f"tree (log: {log}): the build command must build in place (python setup.py build_ext "
+                            f"--inplace), never install into the environment")
+    for rel in files:
+        _copy(tree / rel, entry / "files" / rel)
+    atomic_write(manifest, dump_json({"files": files, "commit": commit, "command": build,
+                                      "build_s": round(seconds, 3), "log": str(log)}), overwrite=True)
+    return Built(tuple(files), False, seconds, str(log), entry)
+
+
+def _built(rev_root: Path, label: str, commit: str, build: str, cache: Path, current_root: Path,
+           differ: tuple[str, ...]) -> Prepared:
+    b = ensure_built(current_root, rev_root, commit, label, build, cache)
+    if b.cached:
+        return Prepared("cached", b.files, f"compiled code differs in {label} ({_shown(differ)}): its side runs its "
+                                           f"own build, made by an earlier run ({build!r}, cached in {b.entry}); "
+                                           f"nothing built", log=b.log)
+    return Prepared("built", b.files, f"compiled code differs in {label} ({_shown(differ)}): its side runs its own "
+                                      f"build ({build!r}: {_shown(b.files)}), built in {b.seconds:.1f} s outside "
+                                      f"every timed window; cached for the next run in {b.entry}",
+                    build_s=b.seconds, log=b.log)
+
+
+def _walk(root: Path) -> Iterable[str]:
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in NOT_THE_PROJECT and not d.endswith(".egg-info")
+                   and not os.path.islink(os.path.join(folder, d))]
+        for f in files:
+            yield os.path.relpath(os.path.join(folder, f), root)
+
+
+def _copy(source: Path, target: Path) -> None:
+    """A built file copied (never linked: each side's tree holds its own bytes), over a link a tree may hold."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink():
+        target.unlink()
+    shutil.copy2(source, target)
+

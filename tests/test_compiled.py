@@ -1,0 +1,193 @@
+"""Side by side on a package with compiled code: a small setuptools C extension built in place in a throwaway
+repository (its binary ignored by git), compared through the real plugin. The step's cost on the fake clock is
+what the loaded binary returns, so which build each side ran decides the verdict, never this machine's speed."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from test_fidelity import CONFTEST, commit_all
+
+SETUP = '''
+from setuptools import Extension, setup
+
+setup(name="fastpkg", version="0", packages=["fastpkg"],
+      ext_modules=[Extension("fastpkg._fast", ["fastpkg/_fast.c"])])
+'''
+
+SOURCE = '''
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define COST {cost}
+
+static PyObject *cost(PyObject *self, PyObject *args) {{ return PyFloat_FromDouble(COST); }}
+static PyMethodDef methods[] = {{{{"cost", cost, METH_NOARGS, "ms a step takes"}}, {{NULL, NULL, 0, NULL}}}};
+static struct PyModuleDef module = {{PyModuleDef_HEAD_INIT, "_fast", NULL, -1, methods}};
+PyMODINIT_FUNC PyInit__fast(void) {{ return PyModule_Create(&module); }}
+'''
+
+PACKAGE = '''
+from fastpkg._fast import cost
+
+PY_FACTOR = {factor}
+
+
+def step_ms():
+    return cost() * PY_FACTOR
+'''
+
+TEST = '''
+import fastpkg
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+
+def test_fast(bench):
+    bench.run(Scenario("fast", ("forward",)), work_on_shared_clock(fastpkg.step_ms()), clock=SHARED_CLOCK)
+'''
+
+BUILD = "python setup.py build_ext --inplace"
+
+
+def _can_build():
+    try:
+        import setuptools  # noqa: F401
+    except ImportError:
+        return "setuptools is not installed"
+    return None if shutil.which("cc") or shutil.which("gcc") else "no C compiler (cc)"
+
+
+pytestmark = pytest.mark.skipif(_can_build() is not None, reason=f"cannot build a C extension: {_can_build()}")
+
+
+def _write(path, cost=2.0, factor=1.0):
+    (path / "fastpkg").mkdir(exist_ok=True)
+    (path / "fastpkg" / "_fast.c").write_text(SOURCE.format(cost=cost))
+    (path / "fastpkg" / "__init__.py").write_text(PACKAGE.format(factor=factor))
+
+
+def _build(path):
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=path, check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def repo(pytester):
+    """The package at COST 2.0, built in place and committed without its binary."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(setup=SETUP, test_fast=TEST)
+    (pytester.path / ".gitignore").write_text("*.so\n*.pyd\nbuild/\n")
+    _write(pytester.path)
+    _build(pytester.path)
+    commit_all(pytester.path)
+    return pytester
+
+
+def _record(pytester, out="out"):
+    files = sorted((pytester.path / out).glob("session-*.json"))
+    return json.loads(files[-1].read_text())["against"]["scenarios"][0] if files else None
+
+
+def test_identical_compiled_sources_reuse_the_work_trees_binary_in_processes_of_their_own(repo):
+    """A/A, then a pure-Python 2x slowdown with the extension unchanged: default options (no
+    --bench-against-processes), each side in a process of its own, the revision's side running a copy of this
+    tree's binary from its own tree."""
+    res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["bench_core: compiled code: every compiled source and build input is identical*"
+                              "copies of this tree's built fastpkg/_fast*"])
+    rec = _record(repo)
+    assert rec["comparison"]["verdict"] != "slower" and rec["comparison"]["verdict"] != "faster"
+    assert "the project has compiled code (fastpkg/_fast" in rec["code"]["why_processes"]
+    assert rec["code"]["compiled"]["how"] == "reused"
+    ran = {side: [f for f in rec["code"]["processes_ran"][side][0]["files"] if "_fast" in f]
+           for side in ("baseline", "candidate")}
+    assert ran["candidate"][0].startswith(str(repo.path)) and not ran["baseline"][0].startswith(str(repo.path))
+
+    _write(repo.path, factor=2.0)
+    res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'fast': slower against revision 'HEAD'*"])
+    assert 1.9 <= _record(repo)["comparison"]["ratio"] <= 2.1
+
+
+def test_a_changed_extension_source_is_refused_without_a_build_and_built_once_with_one(repo):
+    """The C source made 2x slower and rebuilt here: with no build declared the run stops before measuring,
+    naming the file that differs and how to declare a build; with one, the revision's side gets its own build and
+    the 2x is found; a second run of the same comparison builds nothing (the build counted from outside)."""
+    _write(repo.path, cost=4.0)
+    _build(repo.path)
+    res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out")
+    assert res.ret != 0
+    res.stderr.fnmatch_lines(["*compiled code differs between HEAD and this tree (fastpkg/_fast.c)*"
+                              "[[]tool.bench_core[]] build = *"])
+
+    counter = repo.path.parent / "builds.txt"
+    build = f"echo built >> {counter} && {BUILD}"
+    for run in range(2):
+        res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out", "--bench-build", build)
+        res.assert_outcomes(failed=1)
+        res.stdout.fnmatch_lines(["*scenario 'fast': slower against revision 'HEAD'*"])
+        rec = _record(repo)
+        assert 1.9 <= rec["comparison"]["ratio"] <= 2.1
+        assert rec["code"]["compiled"]["how"] == ("built", "cached")[run]
+    assert counter.read_text().split() == ["built"]
+    res.stdout.fnmatch_lines(["*its side runs its own build, made by an earlier run*nothing built*"])
+
+
+def test_a_failing_build_fails_the_run_naming_the_revision_the_command_and_its_log(repo):
+    _write(repo.path, cost=4.0)
+    _build(repo.path)
+    res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-build",
+                         "echo no compiler here >&2; exit 3")
+    assert res.ret != 0
+    res.stderr.fnmatch_lines(["*building HEAD (*) with 'echo no compiler here >&2; exit 3' failed (exit 3); "
+                              "its log is *.log: no compiler here*"])
+
+
+def test_a_revisions_build_never_writes_into_this_trees_build_folder(repo):
+    """setuptools keeps its objects in build/, which git ignores: linked into the revision's tree as data is, the
+    revision's build would write its objects into this tree's folder (and could take this tree's for its own)."""
+    from bench_core.workflows.side_by_side.revisions import link_untracked
+
+    (repo.path / "weights.bin").write_bytes(b"data")
+    tree = repo.path.parent / "rev"
+    tree.mkdir()
+    linked = link_untracked(repo.path, tree)
+    assert "weights.bin" in linked and not any(rel.startswith("build") or rel.endswith(".so") for rel in linked)
+
+
+def test_bisect_builds_each_commit_it_tests_once_and_finds_the_commit_that_made_the_extension_slower(tmp_path, capsys):
+    """Five commits after GOOD; the third makes the C function 2x slower. Each step's worktree is built with the
+    declared build before its comparison (GOOD's side by the step's own --bench-build), every build cached: each
+    commit is built at most once however many steps test it, and the plan says so."""
+    from bench_core.shells.cli import main
+    from test_fidelity import GIT_ENV
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True,
+                              env={**GIT_ENV, "HOME": str(tmp_path)}).stdout.strip()
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "setup.py").write_text(SETUP)
+    (tmp_path / "test_fast.py").write_text(TEST)
+    (tmp_path / ".gitignore").write_text("*.so\nbuild/\n.bench/\nbuilt.txt\n")
+    git("init", "-q")
+    shas = []
+    for i in range(6):
+        _write(tmp_path, cost=4.0 if i >= 3 else 2.0)
+        (tmp_path / "fastpkg" / "__init__.py").write_text(PACKAGE.format(factor=1.0) + f"# commit {i}\n")
+        git("add", "-A")
+        git("commit", "-qm", f"commit {i}")
+        shas.append(git("rev-parse", "HEAD"))
+    counter = tmp_path / "built.txt"
+    build = f"tail -n 1 fastpkg/__init__.py >> {counter} && {BUILD}"   # "# commit i": which commit was built
+    code = main(["bisect", shas[0], shas[-1], "-k", "fast", "--repo", str(tmp_path), "--build", build, "--",
+                 "--bench-rounds", "5", "--bench-pairs", "2", "--bench-worker-pairs", "3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"first bad commit: {shas[3]}" in out and "was first built with" in out
+    built = counter.read_text().splitlines()
+    assert len(built) == len(set(built)) and "# commit 0" in built   # GOOD built too, no commit twice
+    assert git("status", "--porcelain") == ""
