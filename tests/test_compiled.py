@@ -17,6 +17,16 @@ setup(name="fastpkg", version="0", packages=["fastpkg"],
       ext_modules=[Extension("fastpkg._fast", ["fastpkg/_fast.c"])])
 '''
 
+# torch's own build of a C++ extension (its compiler flags, torch's libraries linked); the source includes only
+# Python.h, so a build takes seconds where torch/extension.h would take most of a minute on 2 cores
+TORCH_SETUP = '''
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+setup(name="fastpkg", version="0", packages=["fastpkg"],
+      ext_modules=[CppExtension("fastpkg._fast", ["fastpkg/_fast.c"])], cmdclass={"build_ext": BuildExtension})
+'''
+
 SOURCE = '''
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -74,10 +84,14 @@ def _build(path):
 
 
 @pytest.fixture
-def repo(pytester):
-    """The package at COST 2.0, built in place and committed without its binary."""
+def repo(pytester, request):
+    """The package at COST 2.0, built in place (by setuptools, or by torch's BuildExtension) and committed without
+    its binary."""
+    builder = getattr(request, "param", "setuptools")
+    if builder == "torch" and shutil.which("c++") is None:
+        pytest.skip("torch's BuildExtension needs a C++ compiler (c++)")
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(setup=SETUP, test_fast=TEST)
+    pytester.makepyfile(setup=SETUP if builder == "setuptools" else TORCH_SETUP, test_fast=TEST)
     (pytester.path / ".gitignore").write_text("*.so\n*.pyd\nbuild/\n")
     _write(pytester.path)
     _build(pytester.path)
@@ -113,7 +127,8 @@ def test_identical_compiled_sources_reuse_the_work_trees_binary_in_processes_of_
     assert 1.9 <= _record(repo)["comparison"]["ratio"] <= 2.1
 
 
-def test_a_changed_extension_source_is_refused_without_a_build_and_built_once_with_one(repo):
+@pytest.mark.parametrize("repo", ["setuptools", "torch"], indirect=True)
+def test_a_changed_extension_source_is_refused_without_a_build_and_built_once_with_one(repo, tmp_path_factory):
     """The C source made 2x slower and rebuilt here: with no build declared the run stops before measuring,
     naming the file that differs and how to declare a build; with one, the revision's side gets its own build and
     the 2x is found; a second run of the same comparison builds nothing (the build counted from outside)."""
@@ -124,7 +139,7 @@ def test_a_changed_extension_source_is_refused_without_a_build_and_built_once_wi
     res.stderr.fnmatch_lines(["*compiled code differs between HEAD and this tree (fastpkg/_fast.c)*"
                               "[[]tool.bench_core[]] build = *"])
 
-    counter = repo.path.parent / "builds.txt"
+    counter = tmp_path_factory.mktemp("counted") / "builds.txt"
     build = f"echo built >> {counter} && {BUILD}"
     for run in range(2):
         res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out", "--bench-build", build)
@@ -147,14 +162,13 @@ def test_a_failing_build_fails_the_run_naming_the_revision_the_command_and_its_l
                               "its log is *.log: no compiler here*"])
 
 
-def test_a_revisions_build_never_writes_into_this_trees_build_folder(repo):
+def test_a_revisions_build_never_writes_into_this_trees_build_folder(repo, tmp_path_factory):
     """setuptools keeps its objects in build/, which git ignores: linked into the revision's tree as data is, the
     revision's build would write its objects into this tree's folder (and could take this tree's for its own)."""
     from bench_core.workflows.side_by_side.revisions import link_untracked
 
     (repo.path / "weights.bin").write_bytes(b"data")
-    tree = repo.path.parent / "rev"
-    tree.mkdir()
+    tree = tmp_path_factory.mktemp("rev")
     linked = link_untracked(repo.path, tree)
     assert "weights.bin" in linked and not any(rel.startswith("build") or rel.endswith(".so") for rel in linked)
 
@@ -191,3 +205,43 @@ def test_bisect_builds_each_commit_it_tests_once_and_finds_the_commit_that_made_
     built = counter.read_text().splitlines()
     assert len(built) == len(set(built)) and "# commit 0" in built   # GOOD built too, no commit twice
     assert git("status", "--porcelain") == ""
+
+
+JIT_PACKAGE = '''
+import os
+
+from torch.utils.cpp_extension import load
+
+_fast = load(name="fast_jit", sources=[os.path.join(os.path.dirname(__file__), "_fast.c")])
+
+
+def step_ms():
+    return _fast.cost()
+'''
+
+
+@pytest.mark.skipif(shutil.which("c++") is None or shutil.which("ninja") is None,
+                    reason="torch.utils.cpp_extension.load needs a C++ compiler and ninja")
+def test_just_in_time_extensions_are_compiled_by_each_side_in_a_folder_of_its_own(pytester):
+    """`cpp_extension.load` from sources in the tree, nothing built ahead of time: with one build folder for both
+    (torch's default) the two sides' builds of one extension name would overwrite each other; each side's process
+    compiles its own source in its own folder, and the 2x the changed source makes is found."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_fast=TEST)
+    (pytester.path / ".gitignore").write_text(".cache/\n")
+    (pytester.path / "fastpkg").mkdir()
+    (pytester.path / "fastpkg" / "_fast.c").write_text(SOURCE.format(cost=2.0).replace("PyInit__fast", "PyInit_fast_jit")
+                                                       .replace('"_fast"', '"fast_jit"'))
+    (pytester.path / "fastpkg" / "__init__.py").write_text(JIT_PACKAGE)
+    commit_all(pytester.path)
+    source = pytester.path / "fastpkg" / "_fast.c"
+    source.write_text(source.read_text().replace("#define COST 2.0", "#define COST 4.0"))
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["bench_core: compiled code: compiled sources differ, nothing built ahead of time*"])
+    rec = _record(pytester)
+    assert 1.9 <= rec["comparison"]["ratio"] <= 2.1 and rec["code"]["compiled"]["how"] == "own"
+    loaded = {side: [f for f in rec["code"]["processes_ran"][side][0]["files"] if "fast_jit" in f]
+              for side in ("baseline", "candidate")}
+    assert "/torch_extensions/baseline-" in loaded["baseline"][0] and "/torch_extensions/candidate-" in \
+        loaded["candidate"][0]

@@ -331,11 +331,14 @@ def _check_processes(name: str, ran: Mapping[str, list], loaded) -> None:
     trees = {"candidate": (loaded.current_root, loaded.root), "baseline": (loaded.root, loaded.current_root)}
     for side, reports in ran.items():
         own, other = trees[side]
-        theirs = None if loaded.compiled is None else \
-            loaded.compiled.extensions_folder("baseline" if side == "candidate" else "candidate")
+        jit = () if loaded.compiled is None else tuple(loaded.compiled.extensions_folder(s).resolve()
+                                                       for s in ("candidate", "baseline"))
+        theirs = jit[side == "candidate"] if jit else None   # the other side's just-in-time builds
         for report in reports:
             files = report.get("files", {})
-            wrong = crossed(files, own, other) + ([f for f in files if theirs and Path(f).is_relative_to(theirs)])
+            built = [f for f in files if any(Path(f).is_relative_to(d) for d in jit)]
+            wrong = crossed({f: s for f, s in files.items() if f not in built}, own, other) + [
+                f for f in built if Path(f).is_relative_to(theirs)]
             if wrong:
                 raise ScenarioError(name, f"the {side}'s process loaded {', '.join(wrong)} from the other side's "
                                           f"tree, where it differs: it did not run its own code (is the project "
