@@ -20,7 +20,8 @@ def test_cuda_event_clock_gives_gpu_seconds_in_pytest_benchmarks_runner():
     assert clock.now == gpu.free_at
 
 
-def test_pytest_benchmark_runs_with_our_clock_by_dotted_name(pytester):
+def test_pytest_benchmark_runs_with_our_clock_by_dotted_name(pytester, monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)   # this suite under -n: the inner run is not a worker
     pytester.makepyfile(test_pb="""
 def test_sum(benchmark):
     assert benchmark.pedantic(sum, args=(range(100),), rounds=5, warmup_rounds=1, iterations=1) == 4950
