@@ -73,7 +73,7 @@ class SessionConfig:
     serve: tuple[int, int] | None = None   # a side's server of --bench-against's process mode: its channel
     cache: str | None = None           # GPU: every sample's L2 "cold" (flushed) or "hot"; beats the scenario's
     graph: bool = False                # GPU: every step timed as a CUDA graph beside eagerly; or the scenario's
-    malloc: str = "pinned"             # glibc malloc's thresholds in the processes that measure: "pinned" or "as-is"
+    malloc: str = "as-is"              # glibc malloc's thresholds in the processes that measure: "as-is" or "pinned"
     pb_fixture: str = "adopt"          # pytest-benchmark's `benchmark` fixture: "adopt" (measured here) or "leave"
     group_by: str | None = None        # pytest-benchmark's --benchmark-group-by: a results table per group
     concurrent: str | None = None      # why this process shares its cores with other tests (pytest-xdist): refused
@@ -406,6 +406,16 @@ class BenchSession(Ledger):
         elif compared and not decided:
             line += " (nothing was decided: see the reasons above; --bench-strict makes this fail)"
         return line
+
+    def changed_program(self) -> str | None:
+        """The changes to the measured program the user asked for (they lower noise, but users do not run the
+        program so), in words for every report's first screen; None: the program as it runs."""
+        changes = (["glibc malloc's thresholds pinned (--bench-malloc pinned)"] * (self.environment.get("malloc")
+                                                                                    == "pinned")
+                   + [f"torch CPU threads set to {self.config.threads} (--bench-threads {self.config.threads})"]
+                   * (self.config.threads is not None))
+        return None if not changes else (f"measuring a changed program, as asked: {'; '.join(changes)}: times "
+                                         f"differ from the program as users run it")
 
     @property
     def compared_with(self) -> str | None:

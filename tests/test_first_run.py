@@ -1,6 +1,7 @@
 """What a new user meets on a first run, each once a defect: files bench_core leaves in the repository, an
 interrupted run in the history, counts that cannot work, hints that contradict the table, the next step after a
 failing gate."""
+import json
 import subprocess
 
 from bench_core.output.html import strip_svg
@@ -171,3 +172,27 @@ def test_a_gate_over_tests_that_were_all_skipped_fails(pytester):
     out = " ".join(res.stdout.str().split())
     assert res.ret == 1 and "gate: 0 of 0 scenario(s) decided" in out and "(nothing was compared: the session fails)" \
         in out
+
+
+def test_the_default_measures_the_program_as_users_run_it_and_a_changed_one_is_said_first(pytester):
+    """glibc malloc as it is and torch's own threads by default; pinning malloc or setting threads lowers noise by
+    changing the program, which the header and the Markdown report say before any figure."""
+    import torch
+
+    pytester.makepyfile(test_s="""
+from bench_core import Scenario
+
+def test_s(bench):
+    bench.run(Scenario("s", ("forward",)), lambda: None)
+""")
+    plain = pytester.runpytest("--bench-quick", "--bench-out", "out")
+    plain.assert_outcomes(passed=1)
+    assert "changed program" not in plain.stdout.str()
+    doc = json.loads(next((pytester.path / "out").glob("session-*.json")).read_text())
+    assert doc["results"][0]["threads"] == torch.get_num_threads() and doc["environment"]["malloc"].startswith("as-is")
+    changed = pytester.runpytest("--bench-quick", "--bench-no-out", "--bench-malloc", "pinned", "--bench-threads", "1",
+                                 "--bench-md", "report.md")
+    changed.stdout.fnmatch_lines(["bench_core: measuring a changed program, as asked: glibc malloc's thresholds pinned "
+                                  "(--bench-malloc pinned); torch CPU threads set to 1 (--bench-threads 1)*"])
+    assert (pytester.path / "report.md").read_text().splitlines()[2].startswith("> **measuring a changed program")
+    assert torch.get_num_threads() == doc["results"][0]["threads"]   # the session left this process as it found it

@@ -154,7 +154,8 @@ def test_every_round_rebuilds_the_tests_own_fixtures_and_the_modules_are_built_o
                                                                                               monkeypatch):
     """A round runs the test item afresh in its own forked child: a function-scoped fixture (the model a conftest
     builds, the usual way) is built anew every round, while a module-scoped one stays built in the side's server,
-    as between the tests of one session. The servers' glibc malloc thresholds are pinned, and the record says so."""
+    as between the tests of one session. The servers' glibc malloc thresholds are left as they are by default, and
+    the record says nothing of them."""
     from bench_core.timing.counts import QUICK
     from bench_core.workflows.malloc import PINNED_MALLOC
 
@@ -167,10 +168,10 @@ def test_every_round_rebuilds_the_tests_own_fixtures_and_the_modules_are_built_o
     res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick")
     res.assert_outcomes(passed=1)
     (rec,) = doc["against"]["scenarios"]
-    assert "glibc malloc thresholds pinned" in rec["method"]
+    assert "malloc" not in rec["method"]
     ran = rec["code"]["processes_ran"]
     servers = {side: r[0]["pid"] for side, r in ran.items()}
-    assert all(r[0]["malloc"] == PINNED_MALLOC for r in ran.values())
+    assert all(not r[0]["malloc"] for r in ran.values())
     import os
 
     # the session's own build (this process: pytester runs in it) gives the current side's live instance
@@ -241,9 +242,9 @@ def test_the_sides_tests_run_up_to_bench_run_side_by_side_and_warm_one_after_the
 
 
 def test_one_process_pins_glibc_malloc_thresholds_in_itself_and_says_so(pytester, monkeypatch):
-    """Where one process holds both sides, its own glibc malloc thresholds are fixed as the servers' are (a step
-    that frees large blocks then reuses them on every call, not on some); 'as-is', or the user's own setting,
-    leaves them alone, and the method line says which."""
+    """Asked to (--bench-malloc pinned), where one process holds both sides its own glibc malloc thresholds are
+    fixed as the servers' are (a step that frees large blocks then reuses them on every call, not on some); 'as-is',
+    the default, or the user's own setting, leaves them alone, and the method line says which."""
     from bench_core.workflows.malloc import PINNED_MALLOC, pin_malloc
 
     for name in PINNED_MALLOC:
@@ -251,11 +252,10 @@ def test_one_process_pins_glibc_malloc_thresholds_in_itself_and_says_so(pytester
     pytester.makeconftest(PARAMETRIZED.format(scale=1.0))
     pytester.makepyfile(test_p=PARAM_TEST.replace(", ids=[\"f32\", \"bf16\"]", "").replace("torch.bfloat16", "1.0"))
     commit_all(pytester.path)
-    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-quick")
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-quick", "--bench-malloc", "pinned")
     res.assert_outcomes(passed=2)
     assert all("one process, glibc malloc thresholds pinned" in r["method"] for r in doc["against"]["scenarios"])
-    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-quick", "--bench-malloc", "as-is",
-                        out="out-as-is")
+    res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-quick", out="out-as-is")   # the default
     assert not any("malloc" in r["method"] for r in doc["against"]["scenarios"])
     assert doc["environment"]["malloc"] == "as-is"
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(1 << 20))

@@ -131,12 +131,12 @@ def test_samples_in_two_clusters_or_widely_spread_get_a_warning_on_their_row_wit
     assert "busy (!): samples vary widely (CV" in text
 
 
-def test_the_cpu_default_is_one_thread_auto_keeps_torchs_and_nonsense_is_refused():
+def test_the_default_keeps_torchs_threads_as_the_program_runs_a_count_sets_them_and_nonsense_is_refused():
     import pytest as _pytest
 
     from bench_core.shells.options import threads as _threads
 
-    assert _threads(None, "cpu") == 1 and _threads(None, "cuda") is None
+    assert _threads(None, "cpu") is None and _threads(None, "cuda") is None
     assert _threads("auto", "cpu") is None and _threads("4", "cpu") == 4
     with _pytest.raises(ValueError, match="positive count or 'auto'"):
         _threads("0", "cpu")

@@ -109,7 +109,7 @@ def estimate(
     if diffs and not config.allow_env_mismatch:
         what = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diffs.items())
         if "malloc" in diffs:   # a choice of the command line, not of the machine: say which one
-            what += " (take both with the same --bench-malloc, pinned by default, or re-save the baseline)"
+            what += " (take both with the same --bench-malloc, as-is by default, or re-save the baseline)"
         return Comparison(verdict=INCOMPARABLE, reason=f"differs: {what}", **common)
 
     b_pool = np.concatenate([m.primary_ms for m in baseline])

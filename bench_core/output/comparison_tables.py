@@ -121,11 +121,12 @@ MARKDOWN_LIMIT = 1_000_000   # GitHub's job summary takes at most 1 MiB; leave r
 
 
 def markdown(title: str, outcome: str | None, comparisons: Sequence[Comparison], failing: Sequence[Comparison],
-             results: Sequence[Measurement], errors: Sequence[tuple[str, str]], decisions, notes: Sequence[str]) -> str:
+             results: Sequence[Measurement], errors: Sequence[tuple[str, str]], decisions, notes: Sequence[str],
+             first: str | None = None) -> str:
     """A report for $GITHUB_STEP_SUMMARY or a pull-request comment: the verdict summary first, then the tables,
     then the notes; cut (and saying so) before GitHub's 1 MiB limit. `failing`: the comparisons that failed
-    their items (the session decides which)."""
-    parts = [f"## {title}", ""]
+    their items (the session decides which). `first`: what a reader must know before any figure."""
+    parts = [f"## {title}", ""] + ([f"> **{first}**", ""] if first else [])
     if outcome:
         bad = list(failing)
         parts += [f"**{'FAILED' if bad or errors else 'passed'}**: {outcome}", ""]

@@ -58,7 +58,8 @@ def markdown_report(s) -> str:
     notes += [f"warning: {n}" for n in s.baseline_notes]
     notes += comparison_notes(s.comparisons)
     text = markdown(f"bench_core: {s.compared_with or 'results'}", s.outcome() if s.compared_with else None,
-                    s.comparisons, [c for c in s.comparisons if s.fails(c)], s.results, s.errors, s.decisions, notes)
+                    s.comparisons, [c for c in s.comparisons if s.fails(c)], s.results, s.errors, s.decisions, notes,
+                    first=s.changed_program())
     return f"Markdown report appended to {atomic.append_text(s.config.markdown, shown(s, text))}"
 
 

@@ -17,7 +17,6 @@ from typing import Any, Callable
 from bench_core.deciding.comparison import DEFAULT_MAX_RUNS, GateConfig
 
 GATE = GateConfig()
-CPU_DEFAULT_THREADS = 1
 
 
 def _against_default(name: str) -> Any:
@@ -119,10 +118,10 @@ def _options() -> tuple[Option, ...]:
     a = _against_default
     return (
         Option(GPU, "run scenarios on CUDA; stop at once if CUDA is not available"),
-        Option(MALLOC, "'pinned' (the default) fixes glibc malloc's thresholds in every process that measures (this "
-                       "one, the gate's fresh processes, both sides' servers, ranks), so that a process does not draw "
-                       "its own way of reusing freed memory (docs/history.md says what it changes); 'as-is' leaves "
-                       "them to glibc. Recorded with every result",
+        Option(MALLOC, "'as-is' (the default) leaves glibc malloc's thresholds as the program has them; 'pinned' "
+                       "fixes them in every process that measures (this one, the gate's fresh processes, both sides' "
+                       "servers, ranks): less spread on a memory-bound step, but a program users do not run, which "
+                       "every report then says first (docs/running.md). Recorded with every result",
                str, choices=("pinned", "as-is")),
         Option(PB_FIXTURE, "tests that use pytest-benchmark's `benchmark` fixture: 'adopt' (the default) measures and "
                            "gates them as bench_core scenarios; 'leave' leaves them to pytest-benchmark, and a gate "
@@ -130,9 +129,9 @@ def _options() -> tuple[Option, ...]:
         Option(WARMUP, "untimed warmup calls per scenario (overrides scenarios)", int),
         Option(REPEATS, "timed samples per scenario (overrides scenarios)", int),
         Option(QUICK, "smoke run: smallest sizes, 1 warmup, 5 samples"),
-        Option(THREADS, f"torch CPU threads; on the CPU the default is {CPU_DEFAULT_THREADS} (on a loaded runner more "
-                        "threads split the samples into clusters); 'auto' keeps torch's own default; recorded in every "
-                        "result", str, metavar="N|auto"),
+        Option(THREADS, "torch CPU threads: 'auto' (the default) keeps torch's own, as the program runs; N sets them "
+                        "(1 on a loaded runner, where more threads than free cores split the samples into clusters), "
+                        "which every report then says first; recorded in every result", str, metavar="N|auto"),
         Option(OUT, "folder for the session's JSON results (never overwritten)", str, ".bench/results"),
         Option(NO_OUT, "write no session JSON (and add nothing to the history)"),
         Option(SAVE, "store this session as baseline NAME", str, metavar="NAME"),
@@ -366,11 +365,8 @@ def gate_config(value: Values) -> GateConfig:
 
 
 def threads(value: str | None, device: str) -> int | None:
-    """--bench-threads: a count, 'auto' (torch's default), or unset: one thread on the CPU, where torch's default
-    on a loaded shared runner split samples into two clusters; torch's default on a GPU run."""
-    if value is None:
-        return CPU_DEFAULT_THREADS if device == "cpu" else None
-    if str(value).lower() == "auto":
+    """--bench-threads: a count, or 'auto' and unset: torch's own default, as the user's program runs."""
+    if value is None or str(value).lower() == "auto":
         return None
     if not str(value).isdigit() or int(value) < 1:
         raise ValueError(f"{THREADS} takes a positive count or 'auto', got {value!r}")
@@ -472,7 +468,7 @@ def session_config(value: Values, root: Path, device: str, **extra):
         signature=value(SIGNATURE) or bool(value(NO_GROWTH)) or value(INSTRUCTIONS),
         instructions=value(INSTRUCTIONS), no_growth=no_growth(value(NO_GROWTH)),
         topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None,
-        serve=serve_fds(value), cache=value(CACHE), graph=bool(value(GRAPH)), malloc=value(MALLOC) or "pinned",
+        serve=serve_fds(value), cache=value(CACHE), graph=bool(value(GRAPH)), malloc=value(MALLOC) or "as-is",
         pb_fixture=value(PB_FIXTURE) or "adopt", **extra)
     from bench_core.timing.measuring import MIN_REPEATS
 

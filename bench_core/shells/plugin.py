@@ -127,11 +127,13 @@ def _session(config):
 
 
 def pytest_report_header(config):
-    """What the run decided before measuring anything that a reader must know first: how a revision's side got
-    its compiled code (reused, built, cached)."""
+    """What a reader must know before any figure: a program changed to lower noise (pinned malloc, set
+    threads), and how a revision's side got its compiled code (reused, built, cached)."""
     bench = _session(config)
-    compiled = bench.revision.compiled if bench is not None and bench.revision is not None else None
-    return [f"bench_core: {compiled.said}"] if compiled is not None else []
+    if bench is None:
+        return []
+    compiled = bench.revision.compiled if bench.revision is not None else None
+    return [f"bench_core: {line}" for line in (bench.changed_program(), compiled and compiled.said) if line]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -159,6 +161,9 @@ def pytest_unconfigure(config):
     session = _session(config)
     if session is not None:
         session.close_revision()
+        from bench_core.timing.sampling import restore_threads
+
+        restore_threads()
     previous = config.stash.get(_SIGTERM, None)
     if previous is not None:
         signal.signal(signal.SIGTERM, previous)

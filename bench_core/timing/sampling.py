@@ -95,6 +95,9 @@ def time_limit(seconds: float | None, scenario: str) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+_OWN_THREADS: list[int] = []   # torch's thread count before bench_core first set it, for `restore_threads`
+
+
 def set_threads(threads: int | None) -> int | None:
     """Fix torch's CPU thread count when asked; return the count in force either way."""
     try:
@@ -102,8 +105,19 @@ def set_threads(threads: int | None) -> int | None:
     except ImportError:  # pragma: no cover - torch is a dependency
         return threads
     if threads is not None:
+        if not _OWN_THREADS:
+            _OWN_THREADS.append(torch.get_num_threads())
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def restore_threads() -> None:
+    """torch's thread count as it was before `set_threads` first changed it: a session that set it leaves the
+    process as it found it (a later session in this process measures the program as it runs)."""
+    if _OWN_THREADS:
+        import torch
+
+        torch.set_num_threads(_OWN_THREADS.pop())
 
 
 def shared_cpus(rng, threads: int | None, allowed: set[int] | None = None, busy: Mapping[int, float] | None = None,

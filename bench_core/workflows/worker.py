@@ -302,7 +302,7 @@ class WorkerPool:
             self._scratch = None
 
 
-def server_env(roots: list[str], malloc: str = "pinned") -> dict[str, str]:
+def server_env(roots: list[str], malloc: str = "as-is") -> dict[str, str]:
     """The server's environment: its tree's import roots first, so the project's modules come from that tree even
     where the project is installed (editable) from the current one; glibc malloc's thresholds fixed (`malloc`
     "pinned"), unless the user set them."""
