@@ -8,8 +8,8 @@ Run as its own benchmark, never in the test suite (it takes minutes):
 It creates a throwaway git repository with two real commits. The first has nine scenarios: three workloads
 (compute-bound matmul, memory-bound elementwise, a small CNN training step), each of 20 units of work. The
 second commit changes their source: "same" (a comment: nothing measured changes, an A/A), "plus5" (21 units,
-5% more work) and "plus10" (22 units). Each trial is one `pytest --bench-against HEAD~1 --bench-threads 1` in
-a fresh process, at the suite's defaults otherwise, deciding all nine scenarios as one family. "loaded" runs
+5% more work) and "plus10" (22 units). Each trial is one `pytest --bench-against HEAD~1` in a fresh process (with
+`--bench-threads 1` unless `--threads auto`: torch's own, the suite's default), at the suite's defaults otherwise, deciding all nine scenarios as one family. "loaded" runs
 a busy-looping process beside it the whole time. Every few trials a plain `pytest` of the same scenarios is
 timed, for the cost ratio.
 
@@ -136,10 +136,13 @@ def make_repo(root: Path, isolated: bool = False, pb: bool = False) -> None:
     git("commit", "-qam", "same (comment only), plus5 (21 units), plus10 (22 units)")
 
 
+THREADS = ["--bench-threads", "1"]   # the figures in docs/side-by-side.md were taken so; --threads auto: the default
+
+
 def pytest_run(root: Path, out: Path, extra: list[str]) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider",
-                           "--bench-threads", "1", "--bench-out", str(out), *extra],
+                           *THREADS, "--bench-out", str(out), *extra],
                           cwd=root, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode not in (0, 1):  # 1: a scenario was (rightly or wrongly) called slower
@@ -172,6 +175,8 @@ def trial_rows(session_file: Path) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=30)
+    ap.add_argument("--threads", default="1", help="--bench-threads of every run ('auto': torch's own, the default)")
+    ap.add_argument("--malloc", default=None, choices=("as-is", "pinned"), help="--bench-malloc (the suite's default)")
     ap.add_argument("--conditions", default="quiet,loaded")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--max-rounds", type=int, default=None, help="--bench-max-rounds (the last look)")
@@ -183,6 +188,7 @@ def main(argv=None) -> int:
     ap.add_argument("--isolated", action="store_true",
                     help="code that cannot load twice (a torch.library registration): measures process mode")
     ns = ap.parse_args(argv)
+    THREADS[:] = ["--bench-threads", ns.threads] + (["--bench-malloc", ns.malloc] if ns.malloc else [])
     extra = ["--bench-against", "HEAD~1"]
     extra += ["--bench-rounds", str(ns.rounds)] if ns.rounds else []
     extra += ["--bench-max-rounds", str(ns.max_rounds)] if ns.max_rounds else []

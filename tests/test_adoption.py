@@ -257,6 +257,11 @@ def test_pytest_benchmark_options_keep_their_meaning_or_are_refused(pb):
     skipped.assert_outcomes(skipped=2)
     gated = pb.runpytest("--benchmark-disable", "--bench-save", "x")
     assert gated.ret == 4
+    by_func = pb.runpytest("--benchmark-group-by=func,param:size", "--bench-no-out")
+    by_func.stdout.fnmatch_lines(["*bench_core results: test_parse, size=None*", "*bench_core results: test_render*"])
+    unknown = pb.runpytest("--benchmark-group-by=grop", "--bench-no-out")   # never one table, silently
+    assert unknown.ret == 4
+    unknown.stderr.fnmatch_lines(["*--benchmark-group-by grop: unknown key(s) grop; choose from group, name*"])
 
 
 def test_project_settings_fill_what_the_command_line_does_not_give(pb):
