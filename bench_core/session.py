@@ -77,6 +77,7 @@ class SessionConfig:
     pb_fixture: str = "adopt"          # pytest-benchmark's `benchmark` fixture: "adopt" (measured here) or "leave"
     group_by: str | None = None        # pytest-benchmark's --benchmark-group-by: a results table per group
     concurrent: str | None = None      # why this process shares its cores with other tests (pytest-xdist): refused
+    shard: tuple[int, int] | None = None   # this runner's part K of N of the suite (--bench-shard), merged later
 
     def __post_init__(self):
         self.mode   # an impossible combination is refused now, before anything runs
@@ -93,6 +94,11 @@ class SessionConfig:
         if self.against is not None and (self.compare is not None or self.save is not None):
             raise ValueError("--bench-against compares two revisions in this run: it does not mix with a stored "
                              "baseline (--bench-compare / --bench-save); use one or the other")
+        if self.shard and given:
+            raise ValueError(f"--bench-shard {self.shard[0]}/{self.shard[1]} runs a part of the suite, which decides "
+                             f"and stores nothing alone: run every shard without {', '.join(given)}, join their session "
+                             f"files with bench-core merge, and gate the merged session (bench-core compare; "
+                             f"docs/ci.md)")
         if self.concurrent and given:
             raise ValueError(f"under pytest-xdist ({self.concurrent}) each process runs only its share of the "
                              f"scenarios, so a baseline would be stored, or a gate decided, from a part of the suite: "
@@ -250,6 +256,7 @@ class BenchSession(Ledger):
         self._measure = measure_fn
         self.progress = None                          # a progress.Progress, when someone is watching
         self.family_size: int | None = None           # scenarios in this session, once collection knows
+        self.shard: dict | None = None                # which part of which split this session ran (--bench-shard)
         Ledger.__init__(self)
         self.cache_checked = False                    # the cold-cache self-check ran (on the first cold scenario)
         # what the comparisons are against: a stored baseline, or another revision (and its worker processes)

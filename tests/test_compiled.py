@@ -141,8 +141,11 @@ def test_a_changed_extension_source_is_refused_without_a_build_and_built_once_wi
 
     counter = tmp_path_factory.mktemp("counted") / "builds.txt"
     build = f"echo built >> {counter} && {BUILD}"
-    for run in range(2):
-        res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out", "--bench-build", build)
+    for run in range(2):   # declared on the command line, then in pyproject.toml
+        if run:
+            (repo.path / "pyproject.toml").write_text(f"[tool.bench_core]\nbuild = {json.dumps(build)}\n")
+        res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out",
+                             *(["--bench-build", build] if not run else []))
         res.assert_outcomes(failed=1)
         res.stdout.fnmatch_lines(["*scenario 'fast': slower against revision 'HEAD'*"])
         rec = _record(repo)

@@ -148,7 +148,7 @@ def write_session(folder: Path, results: Sequence[Measurement], environment: Map
                   errors: Iterable[Mapping[str, str]] = (), comparisons: Sequence[Mapping[str, Any]] = (),
                   against: Mapping[str, Any] | None = None,
                   replicas: Mapping[str, Sequence[Measurement]] | None = None,
-                  run: Mapping[str, Any] | None = None) -> Path:
+                  run: Mapping[str, Any] | None = None, shard: Mapping[str, Any] | None = None) -> Path:
     """Write one session's results under a new, unused name in `folder`; returns the path. `run`: the run's
     document made already (`run_doc`), where something else records the same run."""
     doc = {"format": SESSION_FORMAT, "schema_version": SCHEMA_VERSION,
@@ -159,6 +159,8 @@ def write_session(folder: Path, results: Sequence[Measurement], environment: Map
         doc["against"] = dict(against)
     if replicas:  # the gate's fresh-process runs: raw samples kept, never read back as results
         doc["replicas"] = {name: [measurement_doc(m) for m in ms] for name, ms in replicas.items()}
+    if shard is not None:  # a part of a suite split over runners, for `bench-core merge`
+        doc["shard"] = dict(shard)
     return write_stamped_json(folder, "session", doc)
 
 

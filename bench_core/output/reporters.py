@@ -22,7 +22,8 @@ def session_file(s, run, written: dict) -> str:
         against = storage.against_section(s.revision.revision.to_dict(), s.revision.current.to_dict(),
                                           [r.to_dict() for r in s.side_by_side], s.one_side)
     p = storage.write_session(s.config.results_dir, s.results, s.environment, (),
-                              [c.to_dict() for c in s.comparisons], against=against, replicas=s.replicas, run=run)
+                              [c.to_dict() for c in s.comparisons], against=against, replicas=s.replicas, run=run,
+                              shard=s.shard)
     written["session"] = p
     return f"results written to {p}"
 

@@ -127,6 +127,11 @@ def cmd_baseline(ns) -> int:
         if ns.action == "list":
             rows = storage.baseline_runs(Path(ns.bench_baselines), ns.name)
             print(tabulate(rows, headers="keys", disable_numparse=True))
+        elif ns.action == "add":
+            for session in ns.sessions:
+                environment, results = storage.load_session(Path(session))
+                path, n = storage.save_baseline(Path(ns.bench_baselines), ns.name, results, environment, append=True)
+                print(f"{session}: added to {path} as run {n}")
         else:
             path, left = storage.drop_run(Path(ns.bench_baselines), ns.name, ns.run)
             print(f"run {ns.run} dropped from {path}; {left} run(s) left")
@@ -213,6 +218,29 @@ def cmd_bisect(ns) -> int:
     return EXIT_OK if found.outcome != "undecided" else EXIT_REGRESSED
 
 
+def cmd_merge(ns) -> int:
+    """The shards of one run (`--bench-shard K/N`) joined into one session file, for one gate over all of them."""
+    from bench_core.workflows import shards
+
+    try:
+        doc = shards.merge([Path(p) for p in ns.sessions])
+        path = shards.write_merged(doc, Path(ns.out))
+    except (BenchError, ValueError) as exc:
+        print(f"bench_core merge: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"{doc['merged']['count']} shards, {len(doc['results'])} scenario(s) ({len(doc['errors'])} failed) merged "
+          f"into {path}; gate it as one: bench-core compare BASELINE {path}")
+    return EXIT_OK
+
+
+def _merge_parser(sub) -> None:
+    mg = sub.add_parser("merge", help="join the session files of every shard of one run (--bench-shard K/N) into "
+                                      "one session, which a gate decides as one family")
+    mg.add_argument("sessions", nargs="+", help="the shards' session files")
+    mg.add_argument("--out", required=True, help="the merged session file to write (never over one that is there)")
+    mg.set_defaults(func=cmd_merge)
+
+
 def build_parser() -> argparse.ArgumentParser:
     called = Path(sys.argv[0]).name
     ap = argparse.ArgumentParser(prog=called if called.startswith("bench-core") else "python -m bench_core",
@@ -237,10 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = b.add_subparsers(dest="action", required=True)
     bl = bsub.add_parser("list", help="every run of baseline NAME: date, commit, device, scenarios")
     bl.add_argument("name", help="the baseline's name (in --baselines)")
+    ba = bsub.add_parser("add", help="store session files (a merged run of shards, say) as runs of baseline NAME, "
+                                     "created or grown, one run a file")
+    ba.add_argument("name", help="the baseline's name (in --baselines)")
+    ba.add_argument("sessions", nargs="+", help="session JSON files, each one run")
     bd = bsub.add_parser("drop", help="remove run RUN (as numbered by list) from baseline NAME")
     bd.add_argument("name", help="the baseline's name (in --baselines)")
     bd.add_argument("run", type=int, help="the run's number, as `baseline list NAME` shows it")
-    for parser in (bl, bd):
+    for parser in (bl, ba, bd):
         opt.add_to_cli(parser, opt.BASELINES)
     b.set_defaults(func=cmd_baseline)
     h = sub.add_parser("history", help="the history store: every run by commit, branch and machine; change points")
@@ -268,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--force", action="store_true", help="replace an index.html that is there")
     opt.add_to_cli(rp, opt.HISTORY)
     rp.set_defaults(func=cmd_report)
+    _merge_parser(sub)
     bi = sub.add_parser("bisect", help="the first commit between GOOD and BAD where a scenario got slower: a binary "
                                        "search, each step a side-by-side decision in a temporary worktree")
     bi.add_argument("good", help="a commit where the scenario was fast")

@@ -78,7 +78,7 @@ AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-
 NPROC, NNODES, NODE_RANK, RDZV = "--bench-nproc", "--bench-nnodes", "--bench-node-rank", "--bench-rdzv-endpoint"
 PB_JSON, REF_SAVE, REFS, REPLICA = "--bench-pb-json", "--bench-ref-save", "--bench-references", "--bench-replica"
 AGAINST_PROCESSES, AGAINST_PYTHON, SERVE = "--bench-against-processes", "--bench-against-python", "--bench-serve"
-BUILD = "--bench-build"
+BUILD, SHARD = "--bench-build", "--bench-shard"
 MALLOC, PB_FIXTURE = "--bench-malloc", "--bench-pb-fixture"
 CACHE, GRAPH = "--bench-cache", "--bench-graph"
 PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK = ("--bench-profile", "--bench-profile-shapes",
@@ -106,6 +106,9 @@ def _against_options() -> tuple[Option, ...]:
         Option(BUILD, "with --bench-against, for a project with compiled code whose sources differ in the revision: "
                       "the command that builds it in place (e.g. 'python setup.py build_ext --inplace'), run in the "
                       "revision's tree once and cached", str, metavar="CMD", setting=True, cli="--build"),
+        Option(SHARD, "run only this runner's part K of N of the collected tests (stable, disjoint; each shard's "
+                      "session file says which part it is); join the shards with bench-core merge and gate the "
+                      "merged session as one (docs/ci.md)", str, metavar="K/N"),
         Option(SERVE, "(used by --bench-against's process mode) serve test items to the process that started this "
                       "one, over pipe descriptors R,W", str, metavar="R,W"),
         Option(MAX_ROUNDS, "with --bench-against: a possible change the first look leaves undecided runs on, a look "
@@ -231,12 +234,12 @@ def _gpu_options() -> tuple[Option, ...]:
 # what a team sets once, in pyproject.toml's [tool.bench_core] (the command line wins)
 SETTINGS = (WARMUP, REPEATS, THREADS, MALLOC, PB_FIXTURE, OUT, BASELINES, HISTORY, REFS, TIMEOUT, STRICT, WIDE,
             THRESHOLD, ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS,
-            SIGNATURE, NO_GROWTH, FLOPS, PEAK)
+            SIGNATURE, NO_GROWTH, FLOPS, PEAK, BUILD)
 INTERNAL = (SERVE, REPLICA)   # how bench_core starts its own processes: never typed by a user
 # knobs whose defaults were measured (docs/gate.md, docs/side-by-side.md): accepted and documented in
 # docs/running.md, settable in [tool.bench_core], and left out of pytest's --help, which shows what a user meets
 TUNING = (ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS, PEAK,
-          PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK, PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE)
+          PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK, PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE, BUILD)
 
 # pytest's --help, a group each, in the order a user meets them: (name, title, the options in it)
 GROUPS = (
@@ -249,7 +252,7 @@ GROUPS = (
       MAX_RUNS, WINDOW, ADJUST)),
     ("against", "bench_core: side by side with a revision (tuning: --bench-rounds, --bench-pairs, "
                 "--bench-max-rounds, --bench-worker-pairs; docs/running.md)",
-     (AGAINST, AGAINST_PROCESSES, AGAINST_PYTHON, BUILD, ROUNDS, PAIRS, MAX_ROUNDS, WORKER_PAIRS, SERVE, REPLICA)),
+     (AGAINST, AGAINST_PROCESSES, AGAINST_PYTHON, BUILD, SHARD, ROUNDS, PAIRS, MAX_ROUNDS, WORKER_PAIRS, SERVE, REPLICA)),
     ("work", "bench_core: what a step does, counted", (SIGNATURE, NO_GROWTH, INSTRUCTIONS)),
     ("diagnose", "bench_core: diagnose and validation (--bench-profile-shapes, -memory, -stack, -flops, "
                  "-tensorboard, -refuse-sensitive: docs/diagnose.md)",
@@ -437,6 +440,14 @@ def no_growth(text: str | None) -> tuple[str, ...]:
     return names
 
 
+def shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    from bench_core.workflows.shards import parse
+
+    return parse(text)
+
+
 def serve_fds(value: Values) -> tuple[int, int] | None:
     text = value(SERVE)
     if text is None:
@@ -469,7 +480,7 @@ def session_config(value: Values, root: Path, device: str, **extra):
         instructions=value(INSTRUCTIONS), no_growth=no_growth(value(NO_GROWTH)),
         topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None,
         serve=serve_fds(value), cache=value(CACHE), graph=bool(value(GRAPH)), malloc=value(MALLOC) or "as-is",
-        pb_fixture=value(PB_FIXTURE) or "adopt", **extra)
+        pb_fixture=value(PB_FIXTURE) or "adopt", shard=shard(value(SHARD)), **extra)
     from bench_core.timing.measuring import MIN_REPEATS
 
     for what, repeats, warmup in ((REPEATS, cfg.repeats, cfg.warmup),

@@ -152,6 +152,28 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_shard(config, items):
+    """--bench-shard K/N: this runner keeps its part of the selection (after -k and -m, so that every runner given
+    the same command splits the same tests), the others deselected; the session records which part it ran."""
+    bench = _session(config)
+    if bench is None or bench.config.shard is None:
+        return
+    from bench_core.workflows import shards
+
+    k, n = bench.config.shard
+    ids = [i.nodeid for i in items]
+    where = shards.assign(ids, n)
+    gone = [i for i in items if where[i.nodeid] != k]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+    items[:] = [i for i in items if where[i.nodeid] == k]
+    c = bench.config
+    bench.shard = shards.record(k, n, shards.split_id(ids), len(items), {
+        "device": c.device, "quick": c.quick, "threads": c.threads, "malloc": c.malloc, "warmup": c.warmup,
+        "repeats": c.repeats, "timeout_s": c.timeout_s, "pb_fixture": c.pb_fixture})
+
+
 def pytest_deselected(items):
     if items:
         items[0].config.stash[_DESELECTED] = True

@@ -81,6 +81,8 @@ def _digest(path: Path) -> str | None:
             for k in keys:
                 node = node.get(k) if isinstance(node, dict) else None
             tables[".".join(keys)] = node
+        if not any(tables.values()):   # no build tables: as good as no pyproject.toml, for a build
+            return None
         data = json.dumps(tables, sort_keys=True, default=str).encode()
     return hashlib.sha256(data).hexdigest()
 

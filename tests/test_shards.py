@@ -1,0 +1,101 @@
+"""A suite split over runners (`--bench-shard K/N`), merged (`bench-core merge`) and gated as one family. The
+synthetic suite's scenarios run on the shared fake clock: no decision here depends on this machine's speed."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from bench_core.workflows import shards
+from test_fidelity import CONFTEST
+
+SUITE = '''
+import pytest
+from bench_core import Scenario
+from fakes import SHARED_CLOCK, work_on_shared_clock
+
+SLOW = {slow}
+
+
+@pytest.mark.parametrize("i", range({n}))
+def test_tiny(bench, i):
+    ms = 1.0 + (i % 7) * 0.1
+    bench.run(Scenario(f"tiny[{{i}}]", ("forward",)), work_on_shared_clock(ms * (2 if i in SLOW else 1)),
+              clock=SHARED_CLOCK, warmup=0, repeats=20)
+'''
+
+
+def test_the_shards_of_a_split_are_disjoint_cover_it_and_balance_known_durations():
+    ids = [f"tests/test_zoo.py::test_tiny[{i}]" for i in range(2000)]
+    parts = shards.assign(ids, 4)
+    assert set(parts.values()) == {1, 2, 3, 4} and sorted(parts) == sorted(ids)   # every test in exactly one
+    assert sorted(np.bincount(list(parts.values()))[1:]) == [500] * 4
+    assert shards.assign(list(reversed(ids)), 4) == parts               # collection order does not matter
+    durations = {t: (100.0 if i < 4 else 1.0) for i, t in enumerate(ids)}   # four long tests
+    timed = shards.assign(ids, 4, durations)
+    load = np.bincount(list(timed.values()), weights=[durations[t] for t in timed])[1:]
+    assert {timed[t] for t in ids[:4]} == {1, 2, 3, 4} and load.max() - load.min() <= 1.0
+    for bad in ("0/4", "5/4", "2", "a/b"):
+        with pytest.raises(ValueError, match="K/N with 1 <= K <= N"):
+            shards.parse(bad)
+
+
+def _run_shards(pytester, n, tag, slow=()):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_zoo=SUITE.format(n=40, slow=set(slow) or "set()"))
+    files = []
+    for k in range(1, n + 1):
+        res = pytester.runpytest("--bench-shard", f"{k}/{n}", "--bench-out", f"{tag}{k}", "-p", "no:randomly")
+        res.assert_outcomes(passed=len([i for i in range(40) if i % n == k - 1]) or None)
+        (f,) = (pytester.path / f"{tag}{k}").glob("session-*.json")
+        files.append(f)
+    return files
+
+
+def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard_fails_the_merge(pytester, capsys):
+    """Three shards of a 40-scenario suite, merged, against a merged baseline of the same split: the A/A decides
+    no scenario slower; one scenario made 2x slower in one shard fails the merged gate; a missing shard, a shard
+    given twice and a shard of another split fail the merge, naming them."""
+    from bench_core.shells.cli import main
+
+    bases = []
+    for r in range(3):   # the baseline: three merged runs of the same split, stored as three runs of "main"
+        files = _run_shards(pytester, 3, f"base{r}")
+        assert main(["merge", *map(str, files), "--out", str(pytester.path / f"base{r}.json")]) == 0
+        bases.append(str(pytester.path / f"base{r}.json"))
+    merged = json.loads((pytester.path / "base0.json").read_text())
+    assert len(merged["results"]) == 40 and merged["merged"]["count"] == 3
+    assert main(["merge", *map(str, files), "--out", bases[-1]]) == 2   # never written over
+    assert main(["baseline", "add", "main", *bases, "--baselines", str(pytester.path / "baselines")]) == 0
+    gate = ["--baselines", str(pytester.path / "baselines"), "--min-runs", "1"]   # one candidate run decides
+
+    again = _run_shards(pytester, 3, "again")
+    started = time.perf_counter()
+    assert main(["merge", *map(str, again), "--out", str(pytester.path / "same.json")]) == 0
+    assert time.perf_counter() - started < 30
+    capsys.readouterr()
+    assert main(["compare", "main", str(pytester.path / "same.json"), *gate]) == 0
+    err = capsys.readouterr().err
+    assert "0 slower" in err and "of 40 scenario(s) decided" in err
+
+    slow = _run_shards(pytester, 3, "slow", slow={17})
+    assert main(["merge", *map(str, slow), "--out", str(pytester.path / "slow.json")]) == 0
+    capsys.readouterr()
+    assert main(["compare", "main", str(pytester.path / "slow.json"), *gate]) == 1
+    assert "1 slower" in capsys.readouterr().err
+
+    for files, said in ((again[:2], "shard(s) 3 of 3 missing"),
+                        ([again[0], again[0], again[2]], "shard 1 given twice")):
+        assert main(["merge", *map(str, files), "--out", str(pytester.path / "x.json")]) == 2
+        assert said in capsys.readouterr().err
+    other = _run_shards(pytester, 2, "other")
+    assert main(["merge", str(other[0]), str(again[1]), str(again[2]), "--out", str(pytester.path / "x.json")]) == 2
+    assert "shards of different splits" in capsys.readouterr().err
+
+
+def test_a_shard_stores_and_decides_nothing_alone(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_zoo=SUITE.format(n=4, slow="set()"))
+    res = pytester.runpytest("--bench-shard", "1/2", "--bench-compare", "main")
+    assert res.ret == 4
+    res.stderr.fnmatch_lines(["*--bench-shard 1/2 runs a part of the suite*bench-core merge*"])
