@@ -74,7 +74,9 @@ pytestmark = pytest.mark.skipif(_can_build() is not None, reason=f"cannot build 
 
 def _write(path, cost=2.0, factor=1.0):
     (path / "fastpkg").mkdir(exist_ok=True)
-    (path / "fastpkg" / "_fast.c").write_text(SOURCE.format(cost=cost))
+    source = path / "fastpkg" / "_fast.c"
+    if not source.exists() or source.read_text() != SOURCE.format(cost=cost):   # as an editor leaves it: unchanged
+        source.write_text(SOURCE.format(cost=cost))
     (path / "fastpkg" / "__init__.py").write_text(PACKAGE.format(factor=factor))
 
 
@@ -248,3 +250,23 @@ def test_just_in_time_extensions_are_compiled_by_each_side_in_a_folder_of_its_ow
               for side in ("baseline", "candidate")}
     assert "/torch_extensions/baseline-" in loaded["baseline"][0] and "/torch_extensions/candidate-" in \
         loaded["candidate"][0]
+
+
+def test_a_source_edited_after_the_last_build_or_a_tree_never_built_is_refused_before_measuring(repo):
+    """The work tree's binary older than its source: the current side would run a build of other sources (a
+    helper's torchsort trial called an edited kernel 'unchanged' so); and a tree with a declared build but nothing
+    built would fail at import. Both stop before any scenario, saying to build first."""
+    import os
+
+    so = next(repo.path.glob("fastpkg/_fast*.so"))
+    source = repo.path / "fastpkg" / "_fast.c"
+    source.write_text(SOURCE.format(cost=4.0))
+    os.utime(so, (so.stat().st_mtime - 10, so.stat().st_mtime - 10))
+    res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-build", BUILD)
+    assert res.ret != 0
+    res.stderr.fnmatch_lines(["*this tree's built fastpkg/_fast*.so is older than its source fastpkg/_fast.c*"
+                              "Build this tree first (python setup.py build_ext --inplace)*"])
+    so.unlink()
+    res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-build", BUILD)
+    assert res.ret != 0
+    res.stderr.fnmatch_lines(["*this tree has compiled sources (fastpkg/_fast.c) but no extension module built*"])

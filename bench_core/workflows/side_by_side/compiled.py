@@ -173,8 +173,27 @@ def _sources_digest(root: Path, sources: Iterable[str]) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
+def _stale(code: CompiledCode, root: Path) -> list[str]:
+    """This tree's compiled sources edited after its oldest built module: the current side would run a build of
+    other sources than its own."""
+    try:
+        built = min((root / rel).stat().st_mtime for rel in code.built)
+    except (OSError, ValueError):
+        return []
+    return [rel for rel in code.sources if (root / rel).is_file() and (root / rel).stat().st_mtime > built]
+
+
 def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str, commit: str, build: str | None,
               cache: Path) -> Prepared:
+    stale = _stale(code, current_root)
+    if stale:
+        raise CompiledError(f"this tree's built {_shown(code.built)} is older than its source {_shown(stale)}, "
+                            f"edited since the last build: the current side would run a build of other sources than "
+                            f"its own. Build this tree first ({build or 'python setup.py build_ext --inplace'})")
+    if not code.built and build:
+        raise CompiledError(f"this tree has compiled sources ({_shown(code.sources)}) but no extension module built "
+                            f"from them, and the project declares an ahead-of-time build: build this tree first "
+                            f"({build}); a project whose extensions are compiled just in time declares no build")
     if not code.built:
         why = ("compiled sources differ" if code.differ else "compiled sources identical") + \
               ", nothing built ahead of time in this tree"
