@@ -89,8 +89,8 @@ class SessionConfig:
         own = [flag for flag, on in (("--bench-serve", self.serve), ("--bench-replica", self.replica)) if on]
         given = [flag for flag, on in (("--bench-against", self.against), ("--bench-compare", self.compare),
                                        ("--bench-save", self.save is not None)) if on]
-        if own and len(own + given) > 1:
-            raise ValueError(f"{own[0]} is a process bench_core starts itself: it takes no {', '.join((own + given)[1:])}")
+        if own:   # bench_core's own process: what a project's ini addopts also say does not make its mode
+            return SERVE if self.serve else REPLICA
         if self.against is not None and (self.compare is not None or self.save is not None):
             raise ValueError("--bench-against compares two revisions in this run: it does not mix with a stored "
                              "baseline (--bench-compare / --bench-save); use one or the other")

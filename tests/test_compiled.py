@@ -270,3 +270,23 @@ def test_a_source_edited_after_the_last_build_or_a_tree_never_built_is_refused_b
     res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-build", BUILD)
     assert res.ret != 0
     res.stderr.fnmatch_lines(["*this tree has compiled sources (fastpkg/_fast.c) but no extension module built*"])
+
+
+def test_an_environment_kept_in_the_tree_is_not_the_projects_compiled_code_and_a_copy_is_dated_now(tmp_path):
+    """A virtual environment or conda prefix inside the repository (any name) holds extension modules that are not
+    the project's; and a built module copied from the cache into a fresh tree must not read as older than that
+    tree's sources (a bisect retry was refused as stale so)."""
+    import os
+
+    from bench_core.workflows.side_by_side.compiled import _copy, built_in
+
+    for rel in ("pkg/_c.so", "tools-env/lib/python3.11/site-packages/x.so", "px/envs/default/lib/libz.so"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"\x7fELF")
+    (tmp_path / "tools-env" / "pyvenv.cfg").write_text("home = /usr\n")
+    (tmp_path / "px" / "envs" / "default" / "conda-meta").mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    assert built_in(tmp_path) == ["pkg/_c.so"]
+    os.utime(tmp_path / "pkg" / "_c.so", (1_000_000, 1_000_000))
+    _copy(tmp_path / "pkg" / "_c.so", tmp_path / "copy" / "_c.so")
+    assert (tmp_path / "copy" / "_c.so").stat().st_mtime > 1_000_000 + 3600

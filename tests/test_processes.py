@@ -291,7 +291,9 @@ def test_every_measuring_process_gets_the_sessions_malloc_policy_and_results_rec
     for policy in ("pinned", "as-is"):
         session = SimpleNamespace(config=SessionConfig(results_dir=None, malloc=policy))
         argv = replica_command(session, "t.py::test", tmp_path, None, tmp_path / "r.json", 1, 3)
-        assert f"--bench-malloc={policy}" in argv and argv[argv.index("no:xdist") - 1] == "-p"   # alone on its cores
+        assert f"--bench-malloc={policy}" in argv and "-n" not in argv
+    xdist = replica_command(session, "t.py::test", tmp_path, None, tmp_path / "r.json", 1, 3, xdist=True)
+    assert xdist[xdist.index("-n") + 1] == "0"   # alone on its cores, where a project's addopts say -n 4
 
     cpu = {"device": "cpu", "cpu_model": "x", "cpu_count": 2}
     assert differences({**cpu, "malloc": "pinned"}, {**cpu, "malloc": "as-is"}) == {"malloc": ("pinned", "as-is")}

@@ -197,9 +197,10 @@ def test_a_run_has_one_mode_and_what_cannot_run_together_is_refused_by_the_confi
     assert SessionConfig(compare="b", save="c").mode == GATE and SessionConfig(against=against).mode == SIDE_BY_SIDE
     assert SessionConfig(serve=(3, 4)).mode == SERVE and SessionConfig(replica=tmp_path / "r.json").mode == REPLICA
     assert SessionConfig(save="b").gated and not SessionConfig(replica=tmp_path / "r.json").gated
+    # a server or fresh process whose project's ini addopts say --bench-compare is still that process
+    assert SessionConfig(serve=(3, 4), compare="b").mode == SERVE and SessionConfig(replica=tmp_path, save="b").mode \
+        == REPLICA
     for kwargs, words in (({"against": against, "compare": "b"}, "does not mix with a stored baseline"),
-                          ({"serve": (3, 4), "compare": "b"}, "--bench-serve is a process bench_core starts itself"),
-                          ({"replica": tmp_path, "save": "b"}, "it takes no --bench-save"),
                           ({"concurrent": "worker gw0", "compare": "b"}, "run the benchmarks without -n"),
                           ({"cache": "cold"}, "--bench-cache is a GPU timing mode"),
                           ({"device": "cuda", "graph": True, "against": against}, "side by side (--bench-against)")):

@@ -2,6 +2,7 @@
 synthetic suite's scenarios run on the shared fake clock: no decision here depends on this machine's speed."""
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,6 +68,11 @@ def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard
     assert len(merged["results"]) == 40 and merged["merged"]["count"] == 3
     assert main(["merge", *map(str, files), "--out", bases[-1]]) == 2   # never written over
     assert main(["baseline", "add", "main", *bases, "--baselines", str(pytester.path / "baselines")]) == 0
+    assert main(["baseline", "add", "main", str(files[0]), "--baselines", str(pytester.path / "baselines")]) == 2
+    assert "one shard of a run (merge the shards first" in capsys.readouterr().err
+    assert main(["merge", *map(str, files), "--out", str(pytester.path / "again.json")]) == 0   # the same run twice
+    assert json.loads((pytester.path / "again.json").read_text())["run_id"] == \
+        json.loads(Path(bases[-1]).read_text())["run_id"]
     gate = ["--baselines", str(pytester.path / "baselines"), "--min-runs", "1"]   # one candidate run decides
 
     again = _run_shards(pytester, 3, "again")
@@ -93,9 +99,13 @@ def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard
     assert "shards of different splits" in capsys.readouterr().err
 
 
-def test_a_shard_stores_and_decides_nothing_alone(pytester):
+def test_a_shard_stores_and_decides_nothing_alone_and_an_empty_shard_still_writes_its_file(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_zoo=SUITE.format(n=4, slow="set()"))
+    empty = pytester.runpytest("--bench-shard", "5/5", "--bench-out", "empty")   # 4 tests, 5 runners
+    empty.assert_outcomes()
+    (f,) = (pytester.path / "empty").glob("session-*.json")
+    assert json.loads(f.read_text())["shard"]["tests"] == 0
     res = pytester.runpytest("--bench-shard", "1/2", "--bench-compare", "main")
     assert res.ret == 4
     res.stderr.fnmatch_lines(["*--bench-shard 1/2 runs a part of the suite*bench-core merge*"])

@@ -134,10 +134,10 @@ def _ranks_from_doc(d: Any):
 
 
 def run_doc(results: Sequence[Measurement], environment: Mapping[str, Any],
-            errors: Iterable[Mapping[str, str]] = (), created: str | None = None) -> dict:
+            errors: Iterable[Mapping[str, str]] = (), created: str | None = None, run_id: str | None = None) -> dict:
     return {
         "created": created or now_iso(),
-        "run_id": uuid.uuid4().hex,      # what makes a run the same run, wherever it is copied
+        "run_id": run_id or uuid.uuid4().hex,      # what makes a run the same run, wherever it is copied
         "environment": dict(environment),
         "results": [measurement_doc(m) for m in results],
         "errors": [dict(e) for e in errors],
@@ -184,13 +184,13 @@ def baseline_path(folder: Path, name: str) -> Path:
 
 
 def save_baseline(folder: Path, name: str, results: Sequence[Measurement], environment: Mapping[str, Any],
-                  append: bool = False) -> tuple[Path, int]:
+                  append: bool = False, run_id: str | None = None) -> tuple[Path, int]:
     """Store a session as baseline `name`. An existing baseline grows by one run only with append=True.
 
     Returns the path and the number of runs the baseline now holds.
     """
     path = baseline_path(folder, name)
-    run = run_doc(results, environment)
+    run = run_doc(results, environment, run_id=run_id)
     # Read, append and write as one step: concurrent CI jobs appending to one baseline must not lose runs.
     with baseline_lock(path):
         if path.exists():

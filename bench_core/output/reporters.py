@@ -93,7 +93,7 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
     if s.config.save is not None and not s.results:   # never a green run that stored nothing
         unmeasured = f" ({len(s.unmeasured)} test(s) timed outside bench_core)" if s.unmeasured else ""
         failures.append(f"baseline {s.config.save!r} NOT saved: no scenario was measured by bench_core{unmeasured}")
-    if not s.results and not s.errors and not s.decisions:
+    if not s.results and not s.errors and not s.decisions and s.shard is None:   # a shard's, even empty, is merged
         return lines, failures
     reporters: list[Reporter] = []
     written: dict[str, Path] = {}

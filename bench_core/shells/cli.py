@@ -129,8 +129,14 @@ def cmd_baseline(ns) -> int:
             print(tabulate(rows, headers="keys", disable_numparse=True))
         elif ns.action == "add":
             for session in ns.sessions:
+                doc = storage.session_doc(Path(session))
+                why = ("one shard of a run (merge the shards first: bench-core merge)" if doc.get("shard") else
+                       f"{len(doc['errors'])} scenario(s) failed in it" if doc.get("errors") else None)
+                if why:   # a part of a run, or a run that is not whole
+                    raise ValueError(f"{session}: {why}: not a whole run, not stored")
                 environment, results = storage.load_session(Path(session))
-                path, n = storage.save_baseline(Path(ns.bench_baselines), ns.name, results, environment, append=True)
+                path, n = storage.save_baseline(Path(ns.bench_baselines), ns.name, results, environment, append=True,
+                                                run_id=doc.get("run_id"))
                 print(f"{session}: added to {path} as run {n}")
         else:
             path, left = storage.drop_run(Path(ns.bench_baselines), ns.name, ns.run)

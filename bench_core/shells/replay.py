@@ -169,6 +169,7 @@ def process_sides(session, request, name, path, function):
     if loaded.compiled is not None:   # what a side loaded from either side's just-in-time builds is reported too
         trees += [str(loaded.compiled.extensions_folder(s)) for s in ("candidate", "baseline")]
     forwarded = forwarded_args(request.config)
+    xdist = request.config.pluginmanager.hasplugin("xdist")   # in this interpreter's children too
 
     def side(label, tree, file, func, python):
         moved = (lambda p: tree / p.relative_to(loaded.current_root)) if tree != loaded.current_root else (lambda p: p)
@@ -176,7 +177,8 @@ def process_sides(session, request, name, path, function):
         roots = import_roots(loaded.current_root, tree)
         argv = server_command(python, file, moved(here) if inside(here) else tree,
                               moved(ini) if inside(ini) else None, device=c.device, quick=c.quick,
-                              threads=c.threads, timeout_s=c.timeout_s) + forwarded
+                              threads=c.threads, timeout_s=c.timeout_s,
+                              xdist=python == sys.executable and xdist) + forwarded
         env = server_env(roots, c.malloc)
         if loaded.compiled is not None:   # each side's just-in-time extensions built in a folder of its own
             env["TORCH_EXTENSIONS_DIR"] = str(loaded.compiled.extensions_folder(label))
@@ -226,11 +228,12 @@ def forwarded_args(config) -> list[str]:
 
 
 def pytest_child(python: str, target: str, root: Path, inifile: Path | None, *, device: str, quick: bool,
-                 threads: int | None, timeout_s: float | None) -> list[str]:
+                 threads: int | None, timeout_s: float | None, xdist: bool = False) -> list[str]:
     """The pytest command of every child bench_core starts (a side's server, the gate's fresh process): `target`
     collected under `root` with this session's device, threads, limit and quick mode, writing no files of its own,
-    alone on its cores (no xdist) and in file order (no randomly)."""
-    argv = [python, "-m", "pytest", target, "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly",
+    alone on its cores and in file order (no randomly). `xdist`: pytest-xdist is loaded here, so it is in the child
+    too, where a project's `addopts = -n 4` must still parse: `-n 0` runs the item in the child itself."""
+    argv = [python, "-m", "pytest", target, "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *["-n", "0"] * xdist,
             f"--rootdir={root}", opt.NO_OUT, f"{opt.THREADS}={'auto' if threads is None else threads}",
             f"{opt.TIMEOUT}={timeout_s or 0}"]
     argv += ["-c", str(inifile)] if inifile is not None and Path(inifile).exists() else []
@@ -255,8 +258,8 @@ def replicator(session, request, name):
         with tempfile.TemporaryDirectory(prefix="bench_core-replica-") as tmp:
             out, log_path = Path(tmp) / "replica.json", Path(tmp) / "pytest.log"
             # with the session's own conftest options (a model size, a compiler): the same test, asked the same way
-            argv = replica_command(session, request.node.nodeid, root, config.inipath, out, warmup,
-                                   repeats) + forwarded_args(config)
+            argv = replica_command(session, request.node.nodeid, root, config.inipath, out, warmup, repeats,
+                                   config.pluginmanager.hasplugin("xdist")) + forwarded_args(config)
             env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}   # forwarded in argv already
             env[NAMES_ENV] = json.dumps({request.node.nodeid: name})   # named as here, whatever it collects
             ran = children.run_logged(argv, log_path, limit, tail_lines=3, cwd=str(root), env=env)
@@ -271,12 +274,13 @@ def replicator(session, request, name):
     return replicate
 
 
-def replica_command(session, nodeid: str, root: Path, inipath, out: Path, warmup: int, repeats: int) -> list[str]:
+def replica_command(session, nodeid: str, root: Path, inipath, out: Path, warmup: int, repeats: int,
+                    xdist: bool = False) -> list[str]:
     """The pytest command that runs one test item again in a fresh process, measuring only (no gate, no files
     but the replica's), with this session's device, counts and threads."""
     c = session.config
     argv = pytest_child(sys.executable, nodeid, root, inipath, device=c.device, quick=c.quick, threads=c.threads,
-                        timeout_s=c.timeout_s)
+                        timeout_s=c.timeout_s, xdist=xdist)
     argv += [f"{opt.REPLICA}={out}", f"{opt.WARMUP}={warmup}", f"{opt.REPEATS}={repeats}"]
     argv += [f"{opt.CACHE}={c.cache}"] if c.cache else []    # a fresh process asks the same question
     argv += [opt.GRAPH] if c.graph else []

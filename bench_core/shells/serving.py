@@ -128,7 +128,7 @@ def serve(session, request, sizing, scenario, fn, kwargs):
     """bench.run inside a side's server: the scenario asked for is warmed and counted on the item's first run, and
     each later run of the item serves one round of it; any other scenario of the test is passed over (None)."""
     from bench_core.timing.backends import backend_for
-    from bench_core.timing.sampling import Sampler, set_threads
+    from bench_core.timing.sampling import Sampler, own_threads, set_threads
     from bench_core.workflows import side_server
     from bench_core.workflows.side_by_side.capture import instance_from
 
@@ -144,7 +144,7 @@ def serve(session, request, sizing, scenario, fn, kwargs):
         pytest.skip(f"served a round of scenario {name!r} to a side-by-side comparison")
     state.fork = side_server.can_fork(device)
     if not state.fork:
-        set_threads(session.config.threads)
+        set_threads(own_threads(session.config.threads))
     setup = kwargs.get("setup")
     state.step = (fn, setup)
 

@@ -111,6 +111,12 @@ def set_threads(threads: int | None) -> int | None:
     return torch.get_num_threads()
 
 
+def own_threads(threads: int | None) -> int | None:
+    """The count to measure with: `threads` where asked, else torch's own as it was before bench_core changed it
+    (a side's server holds one thread until a round forks; its rounds run the program as it runs)."""
+    return threads if threads is not None else (_OWN_THREADS[0] if _OWN_THREADS else None)
+
+
 def restore_threads() -> None:
     """torch's thread count as it was before `set_threads` first changed it: a session that set it leaves the
     process as it found it (a later session in this process measures the program as it runs)."""

@@ -126,7 +126,9 @@ def _joined(docs: Sequence[Mapping[str, Any]], shard: Mapping[str, Any]) -> dict
         replicas.update(doc.get("replicas") or {})
     out = {k: v for k, v in docs[0].items() if k not in ("results", "errors", "replicas", "comparisons", "against",
                                                            "shard", "created", "run_id")}
-    run = storage.run_doc([], docs[0]["environment"], errors, created=max(d["created"] for d in docs))
+    # the same shards make the same run, however often merged: a history or baseline holds it once
+    same = hashlib.sha256(" ".join(sorted(d["run_id"] for d in docs)).encode()).hexdigest()[:32]
+    run = storage.run_doc([], docs[0]["environment"], errors, created=max(d["created"] for d in docs), run_id=same)
     out.update(run, results=results, merged={"count": shard["count"], "split": shard["split"],
                                              "runs": [d["run_id"] for d in docs]})
     if replicas:

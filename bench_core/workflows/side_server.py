@@ -131,7 +131,7 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
     """Rounds of the item's scenario until the parent says "done" (or "quit", or is gone): returned. Each "round"
     runs the test item afresh (`run_item`: its function-scoped fixtures, then the test, whose bench.run serves the
     round with `serve_round`), in a child forked from this server where `state.fork`."""
-    from bench_core.timing.sampling import build_cpus, hold_to, set_threads
+    from bench_core.timing.sampling import build_cpus, hold_to, own_threads, set_threads
 
     channel = state.channel
     while True:
@@ -165,7 +165,7 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
             # `cpus` before its first call (`serve_round`): held to one CPU from the start, the two builds take turns
             state.places = (cpus, build_cpus(cpus))
             hold_to(state.places[1])   # before its threads start: they inherit it
-            set_threads(state.threads)
+            set_threads(own_threads(state.threads))
             run_item()
             if not state.reached:
                 channel.send({"error": state.missed(nodeid)})
@@ -188,14 +188,14 @@ def _profile_reply(state: ServeState) -> None:
     """The parent's "profile", answered from a child forked from the server, where it may fork: profiler passes in
     the server itself change what the next items' warming calls leave for their children to inherit, and can leave
     one side's children slow in every round (docs/side-by-side.md)."""
-    from bench_core.timing.sampling import set_threads
+    from bench_core.timing.sampling import own_threads, set_threads
 
     if not state.fork:
         state.channel.send(_profiled(state))
         return
 
     def profile_child() -> int:
-        set_threads(state.threads)
+        set_threads(own_threads(state.threads))
         state.channel.send(_profiled(state))
         return 0
     status = _in_child(profile_child, failed=1)

@@ -118,7 +118,15 @@ def open_revision(session, root: Path) -> None:
     session.revision = loaded = LoadedRevision(root, c.against.rev, data=(c.baselines_dir, c.references_dir, *own))
     if c.against.rev is None:   # one tree in two interpreters: no second tree to give binaries to
         return
-    code = compiled.survey(loaded.current_root, loaded.root, loaded.revision.commit)
+    try:
+        code = compiled.survey(loaded.current_root, loaded.root, loaded.revision.commit)
+    except OSError as exc:   # git could not list the trees
+        raise compiled.CompiledError(f"the trees' compiled code could not be listed: {exc}") from None
+    if code.present and c.against.python:
+        raise compiled.CompiledError(
+            f"the project has compiled code ({', '.join((code.built or code.sources)[:2])}), and --bench-against-python "
+            f"runs {c.against.rev}'s side in another interpreter, for which no build is made here: compare the "
+            f"revisions in one environment, or the environments on one tree (--bench-against-python alone)")
     if code.present:   # before any scenario: a revision that cannot get binaries of its own stops the run here
         cache = compiled.cache_folder(loaded.current_root / ".bench" / "builds")
         ignored_by_git(cache)

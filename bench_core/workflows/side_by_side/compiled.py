@@ -38,7 +38,8 @@ PYPROJECT_BUILD = (("build-system",), ("tool", "setuptools"), ("tool", "scikit-b
                    ("tool", "cython"))
 # folders that are not the project's own importable code: build trees, environments, caches
 NOT_THE_PROJECT = frozenset({".git", "__pycache__", ".bench", ".pytest_cache", "build", "dist", ".venv", "venv",
-                             ".tox", ".nox", "site-packages", "node_modules", ".eggs"})
+                             ".tox", ".nox", "site-packages", "node_modules", ".eggs", ".pixi", ".conda",
+                             "conda-meta", "lib-dynload"})
 BUILD_LIMIT_S = 3600.0
 CACHE_ENV = "BENCH_CORE_BUILD_CACHE"   # where builds are cached, for the processes bisect starts in its worktrees
 
@@ -92,11 +93,20 @@ def _listing(root: Path, *args: str) -> list[str]:
     return [p for p in out.stdout.split("\0") if p] if out.returncode == 0 else []
 
 
+def _in_environment(root: Path, rel: str) -> bool:
+    """Inside a Python environment kept in the tree (any name: its pyvenv.cfg or conda-meta says so)."""
+    for parent in Path(rel).parents:
+        if parent != Path(".") and ((root / parent / "pyvenv.cfg").exists() or (root / parent / "conda-meta").exists()):
+            return True
+    return False
+
+
 def built_in(root: Path) -> list[str]:
     """Extension modules in the work tree that git does not track (built there: `pip install -e .`,
     `setup.py build_ext --inplace`), outside build folders and environments."""
     return sorted(rel for rel in _listing(root, "ls-files", "-z", "--others")
-                  if is_extension(rel) and _project_file(rel) and (root / rel).is_file())
+                  if is_extension(rel) and _project_file(rel) and (root / rel).is_file()
+                  and not _in_environment(root, rel))
 
 
 @dataclass(frozen=True)
@@ -176,8 +186,8 @@ def _sources_digest(root: Path, sources: Iterable[str]) -> str:
 def _stale(code: CompiledCode, root: Path) -> list[str]:
     """This tree's compiled sources edited after its oldest built module: the current side would run a build of
     other sources than its own."""
-    try:
-        built = min((root / rel).stat().st_mtime for rel in code.built)
+    try:   # the newest: a build skips extensions whose sources did not change, keeping their older files
+        built = max((root / rel).stat().st_mtime for rel in code.built)
     except (OSError, ValueError):
         return []
     return [rel for rel in code.sources if (root / rel).is_file() and (root / rel).stat().st_mtime > built]
@@ -312,9 +322,11 @@ def _walk(root: Path) -> Iterable[str]:
 
 
 def _copy(source: Path, target: Path) -> None:
-    """A built file copied (never linked: each side's tree holds its own bytes), over a link a tree may hold."""
+    """A built file copied (never linked: each side's tree holds its own bytes), over a link a tree may hold; dated
+    now, as a build would leave it (a copy dated as its source would read as older than the tree's sources)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.is_symlink():
         target.unlink()
-    shutil.copy2(source, target)
+    shutil.copyfile(source, target)
+    shutil.copymode(source, target)
 
