@@ -85,18 +85,33 @@ def _build(path):
                    capture_output=True)
 
 
+@pytest.fixture(scope="module")
+def built_package(tmp_path_factory):
+    """The package at COST 2.0, built in place once per builder for every test here (a build is most of a test)."""
+    made = {}
+
+    def get(builder):
+        if builder not in made:
+            folder = tmp_path_factory.mktemp(f"built-{builder}")
+            (folder / "setup.py").write_text(SETUP if builder == "setuptools" else TORCH_SETUP)
+            _write(folder)
+            _build(folder)
+            made[builder] = folder
+        return made[builder]
+    return get
+
+
 @pytest.fixture
-def repo(pytester, request):
+def repo(pytester, request, built_package):
     """The package at COST 2.0, built in place (by setuptools, or by torch's BuildExtension) and committed without
     its binary."""
     builder = getattr(request, "param", "setuptools")
     if builder == "torch" and shutil.which("c++") is None:
         pytest.skip("torch's BuildExtension needs a C++ compiler (c++)")
+    shutil.copytree(built_package(builder), pytester.path, dirs_exist_ok=True)   # dates kept: built after source
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(setup=SETUP if builder == "setuptools" else TORCH_SETUP, test_fast=TEST)
+    pytester.makepyfile(test_fast=TEST)
     (pytester.path / ".gitignore").write_text("*.so\n*.pyd\nbuild/\n")
-    _write(pytester.path)
-    _build(pytester.path)
     commit_all(pytester.path)
     return pytester
 
