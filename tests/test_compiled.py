@@ -307,3 +307,27 @@ def test_an_environment_kept_in_the_tree_is_not_the_projects_compiled_code_and_a
     os.utime(tmp_path / "pkg" / "_c.so", (1_000_000, 1_000_000))
     _copy(tmp_path / "pkg" / "_c.so", tmp_path / "copy" / "_c.so")
     assert (tmp_path / "copy" / "_c.so").stat().st_mtime > 1_000_000 + 3600
+
+
+def test_a_submodule_moved_from_the_revisions_commit_counts_as_changed_compiled_input(tmp_path):
+    """Kernels kept in a submodule are not listed by the parent's git: a submodule checked out at another commit
+    than the revision records (or with changes of its own) is a compiled input that differs."""
+    from bench_core.workflows.side_by_side.compiled import _submodules_moved
+    from test_revisions import git, with_submodule, write
+
+    root = with_submodule(tmp_path)
+    git(root, "commit", "-qm", "v1")
+    assert _submodules_moved(root, "HEAD") == []
+    write(root, {"workload/work.py": "AMOUNT = 20\n"})
+    assert _submodules_moved(root, "HEAD") == ["workload (submodule)"]    # changes of its own
+    git(root / "workload", "commit", "-qam", "large")
+    assert _submodules_moved(root, "HEAD") == ["workload (submodule)"]    # another commit
+
+
+def test_a_build_past_its_limit_is_ended_with_everything_it_started(tmp_path):
+    from bench_core.files.children import alive, end_group, run_logged
+
+    ran = run_logged(["/bin/sh", "-c", "sleep 60 & echo $!; wait"], tmp_path / "log", 1.5, start_new_session=True,
+                     ending=end_group)
+    grandchild = int((tmp_path / "log").read_text().split()[0])
+    assert ran.code is None and not alive(grandchild)   # the compiler a build's shell started, not only the shell

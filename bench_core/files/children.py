@@ -60,6 +60,28 @@ def log_tail(path: Path, lines: int = 4) -> str:
     return " / ".join(text.strip().splitlines()[-lines:])
 
 
+def end_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
+    """End `proc`, started in a session of its own (`start_new_session=True`), with every process of its group:
+    a build's shell leaves its compilers running otherwise. SIGTERM, then SIGKILL, each with up to `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            try:
+                os.killpg(proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.05)
+        else:
+            continue
+        break
+    proc.wait()
+
+
 def alive(pid: int) -> bool:
     """`pid` runs (not a zombie): for a process not ours to reap, such as a child of a child (Linux's /proc)."""
     try:

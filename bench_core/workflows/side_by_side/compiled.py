@@ -134,7 +134,20 @@ def survey(current_root: Path, rev_root: Path, commit: str) -> CompiledCode:
         return CompiledCode((), (), ())
     inputs = sources + sorted(rel for rel in here | there if _build_input(rel))
     differ = [rel for rel in inputs if _digest(current_root / rel) != _digest(rev_root / rel)]
-    return CompiledCode(tuple(built), tuple(sources), tuple(differ))
+    return CompiledCode(tuple(built), tuple(sources), tuple(differ + _submodules_moved(current_root, commit)))
+
+
+def _submodules_moved(root: Path, commit: str) -> list[str]:
+    """Submodules whose checkout here is not the commit the revision records (or has changes of its own): their
+    compiled sources are not listed above, and may be what a build is made of."""
+    from bench_core.workflows.side_by_side.revisions import submodules_at
+
+    moved = []
+    for path, at in submodules_at(root, commit):
+        here = git.output(root / path, "rev-parse", "HEAD")
+        if here != at or git.output(root / path, "status", "--porcelain"):
+            moved.append(f"{path} (submodule)")
+    return moved
 
 
 @dataclass(frozen=True)
@@ -283,7 +296,8 @@ def ensure_built(git_root: Path, tree: Path, commit: str, label: str, build: str
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     env.pop(CACHE_ENV, None)
     started = time.monotonic()
-    ran = children.run_logged(["/bin/sh", "-c", build], log, BUILD_LIMIT_S, tail_lines=3, cwd=str(tree), env=env)
+    ran = children.run_logged(["/bin/sh", "-c", build], log, BUILD_LIMIT_S, tail_lines=3, cwd=str(tree), env=env,
+                              start_new_session=True, ending=children.end_group)   # its compilers end with it
     seconds = time.monotonic() - started
     if ran.code != 0:
         what = f"ran past {BUILD_LIMIT_S:g} s and was ended" if ran.code is None else f"failed (exit {ran.code})"
