@@ -150,6 +150,8 @@ def test_a_gate_that_compared_nothing_fails_the_session(pytester):
     pytester.makepyfile(test_other="def test_nothing():\n    pass\n")
     commit_all(pytester.path)
     pytester.makepyfile(test_new=FIXTURE_TEST.replace(", model", "").replace("model.cost()", "2.0"))
+    # added, not committed: new in this tree (an untracked file would be run against the revision's code as well)
+    subprocess.run(["git", "add", "test_new.py"], cwd=pytester.path, check=True)
     res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out")
     res.assert_outcomes(passed=2)
     assert res.ret == 1
@@ -218,3 +220,28 @@ def test_the_fidelity_checks_resolve_a_modules_file_once_a_process(monkeypatch):
     assert again == first and Path(__file__).resolve() in first
     assert not [c for c in calls if c.endswith(".py") and Path(c).is_absolute()]   # no module's file again
     assert str(here) in calls   # the roots, each time
+
+
+def test_a_benchmark_written_since_and_never_committed_measures_the_revisions_code_too(pytester):
+    """The flow 'I wrote a benchmark; was main faster?': the test file is untracked, the revision has none. It is
+    copied into the revision's tree (with its conftest), so each side runs it against its own code, and the
+    summary says so; a benchmark of code the revision lacks is new there, not a failure."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(mymodel="class Model:\n    def cost(self):\n        return 2.0\n")
+    commit_all(pytester.path)
+    pytester.makepyfile(mymodel="class Model:\n    def cost(self):\n        return 8.0\n",
+                        test_new=FIXTURE_TEST.replace("model.cost()", "Model().cost()").replace(
+                            "def test_model(bench, model):", "from mymodel import Model\n\n\ndef test_model(bench):"))
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'model': slower against revision 'HEAD'*",
+                              "*model: HEAD's side ran this tree's test file, which git does not track*"])
+    (rec,) = json.loads(next((pytester.path / "out").glob("*.json")).read_text())["against"]["scenarios"]
+    assert rec["code"]["test_from_this_tree"] == "test_new.py" and 3.5 <= rec["comparison"]["ratio"] <= 4.5
+    pytester.makepyfile(test_new=FIXTURE_TEST.replace("model.cost()", "Model().speed()").replace(
+        "def test_model(bench, model):", "from mymodel import Model\nModel.speed = Model.cost\nfrom mymodel import "
+                                         "Faster\n\n\ndef test_model(bench):"),
+                        mymodel="class Model:\n    def cost(self):\n        return 8.0\n\n\nclass Faster(Model):\n"
+                                "    pass\n")
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-strict")
+    res.assert_outcomes(passed=1)   # new here: nothing to compare with, never failed

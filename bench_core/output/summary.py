@@ -105,6 +105,10 @@ def comparison_lines(s) -> list[str]:
         for method, names in methods.items():   # one mode for all, or each mode with the scenarios it ran
             lines.append(method if len(methods) == 1 else f"{method}: {', '.join(names)}")
         why: dict[str, list[str]] = {}   # one reason, said once, with the scenarios it sent to processes
+        borrowed = [rec.scenario for rec in s.side_by_side if rec.code.get("test_from_this_tree")]
+        if borrowed:
+            lines.append(f"{', '.join(borrowed)}: {s.revision.revision.label}'s side ran this tree's test file, which "
+                         f"git does not track and the revision does not have (a benchmark written since)")
         for rec in s.side_by_side:
             reason = rec.code.get("why_processes")
             if reason and not reason.startswith("asked for"):   # asked for: the method line says so already

@@ -72,7 +72,9 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
         return capture(theirs, value_of, sizing, f"revision {loaded.revision.label}", name, described)
 
     return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"),
-                               proof=loaded.proof(request.path, request.function, theirs),
+                               proof={**loaded.proof(request.path, request.function, theirs),
+                                      **({"test_from_this_tree": str(path.relative_to(loaded.root))}
+                                         if path in loaded.borrowed else {})},
                                clock=kwargs.get("clock"), backend=kwargs.get("backend"),
                                servers=lambda: process_sides(session, request, name, path, function))
 
@@ -86,16 +88,19 @@ def fixture_values(request):
 
 def _in_processes(session, request, scenario, live, path, function, kwargs, why):
     sides = process_sides(session, request, scenario.name, path, function)
-    compiled = session.revision.compiled
+    loaded = session.revision
+    borrowed = path is not None and path in loaded.borrowed
     return session.run_against_processes(scenario, live, sides, items=kwargs.get("items"), proof={
-        "why_processes": why, **({"compiled": compiled.to_dict()} if compiled is not None else {})})
+        "why_processes": why, **({"compiled": loaded.compiled.to_dict()} if loaded.compiled is not None else {}),
+        **({"test_from_this_tree": str(path.relative_to(loaded.root))} if borrowed else {})})
 
 
 def new_here(loaded, request, name) -> bool:
     """The revision has no test declaring this scenario, nor this test's file and function: new in this tree."""
     path = loaded.counterpart(request.path)
     return not loaded.declaring(name) and (
-        not path.exists() or f"def {request.function.__name__}(" not in path.read_text(errors="replace"))
+        path in loaded.borrowed or not path.exists()
+        or f"def {request.function.__name__}(" not in path.read_text(errors="replace"))
 
 
 def same_code(session, request, theirs) -> list[str]:
@@ -123,6 +128,8 @@ def counterpart_test(loaded, request, name):
         return None, None, f"{label} declares scenario {name!r} in {len(declared)} tests ({where}): none is its " \
                            f"counterpart for sure"
     path, function = declared[0] if declared else (loaded.counterpart(request.path), request.function.__name__)
+    if not path.exists() and not declared:   # a benchmark written since and never committed measures REV's code too
+        path = loaded.borrow_test(request.path) or path
     if not path.exists():
         return None, None, f"{path.relative_to(loaded.root)} does not exist in {label}"
     return path, function, None
@@ -144,6 +151,9 @@ def revision_function(session, request, name, path, function):
     try:
         module = loaded.module_at(path)
     except (SyntaxError, ImportError) as exc:
+        if path in loaded.borrowed:   # this tree's new benchmark of code REV does not have: new, not a failure
+            return None, f"this tree's untracked {path.name} does not load against {label}: {type(exc).__name__}: " \
+                         f"{exc}", False
         trace = "".join(traceback.format_exception(exc)[-4:]).strip()
         raise ScenarioError(name, f"{label}'s test module does not load, so it cannot be compared: "
                                   f"{type(exc).__name__}: {exc}\n{trace}") from exc

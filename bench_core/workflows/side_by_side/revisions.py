@@ -21,6 +21,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -392,6 +393,7 @@ class LoadedRevision:
         self._operator_code: list[str] | None = None
         self._sys_path = sys_path
         self.compiled = None   # compiled.Prepared: how REV's side got its compiled code, where the project has any
+        self.borrowed: set[Path] = set()   # test files git does not track here, copied into REV's tree to measure it
         if rev is None:   # this tree itself, to be run in another interpreter: nothing to extract or load here
             self.revision, self.root, self._tmp, self.importer = self.current, self.current_root, None, None
             self._operator_code = []
@@ -406,6 +408,23 @@ class LoadedRevision:
         """The file of REV at the place `current_file` has in the current tree."""
         rel = Path(current_file).resolve().relative_to(self.current_root)
         return self.root / rel
+
+    def borrow_test(self, current_file: Path) -> Path | None:
+        """A test file git does not track here (a benchmark written since, never committed), copied into REV's
+        tree with an untracked conftest.py beside it, so that it measures REV's code as well; None where the file
+        is tracked, or REV has a file there."""
+        current_file = Path(current_file).resolve()
+        target = self.counterpart(current_file)
+        rel = str(current_file.relative_to(self.current_root))
+        if target.exists() or _git(self.current_root, "ls-files", "--error-unmatch", rel).returncode == 0:
+            return None
+        for source in (current_file, current_file.parent / "conftest.py"):
+            there = self.counterpart(source)
+            if source.is_file() and not there.exists():
+                there.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, there)
+        self.borrowed.add(target)
+        return target
 
     def module_for(self, current_file: Path) -> ModuleType:
         """REV's version of a current module file (a test file); RevisionError when REV lacks it."""
