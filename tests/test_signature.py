@@ -192,6 +192,35 @@ def _compiled_step(body):
     return lambda: g(x)
 
 
+def test_a_warm_compiled_steps_graphs_are_counted_and_a_break_added_to_it_is_a_difference():
+    """Compiled before the counted call (a warmed-up step, as a scenario's warmup leaves it): the graphs one call
+    runs come from the profiler's compiled regions, and its breaks, known only when it compiled, are not observed
+    (never written as 0). A break added to the warm step is one graph more: a difference."""
+    from bench_core.output.tables import signature_table
+    from helpers import meas
+
+    x = torch.randn(16)
+
+    def plain_step(x):
+        return x.sin().cos()
+
+    def broken_step(x):
+        y = x.sin()
+        print("", end="")   # a graph break: the step runs as two graphs
+        return y.cos()
+    plain, broken = (lambda f=torch.compile(plain_step, backend="eager"): f(x),
+                     lambda f=torch.compile(broken_step, backend="eager"): f(x))
+    plain(), broken()   # warm: compiled before the counted call
+    a, b = record(plain), record(broken)
+    assert (a.graphs, a.graph_breaks, b.graphs, b.graph_breaks) == (1, None, 2, None)
+    assert differences(a, b) == ["torch.compile graphs 1 -> 2"]
+    assert Signature.from_dict(b.to_dict()) == b
+    from dataclasses import replace
+
+    text = signature_table([replace(meas([1.0, 1.1]), signature=b)], wide=True)
+    assert "n/o" in text
+
+
 def test_a_graph_break_and_a_recompilation_per_call_are_named():
     import torch._dynamo
 

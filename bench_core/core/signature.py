@@ -31,8 +31,9 @@ class Signature:
     copy_bytes: Mapping[str, int] = field(default_factory=dict)   # direction -> bytes copied
     allocations: int = 0                                          # tensors with storage of their own
     allocated_bytes: int = 0
-    graphs: int = 0                                               # torch.compile: graphs of the first call
-    graph_breaks: int = 0                                         # torch.compile: breaks in the first call
+    graphs: int = 0                                               # torch.compile: graphs a call runs
+    graph_breaks: int | None = 0                                  # torch.compile: breaks in the first call; None:
+                                                                  # not observed (compiled before the counted call)
     break_reasons: tuple[str, ...] = ()                           # their reasons, one line each, distinct
     recompiles: int = 0                                           # compilations in a call after the first
     recompile_reasons: tuple[str, ...] = ()                       # the guards that failed, one line each, distinct
@@ -48,6 +49,8 @@ class Signature:
                 raise ValueError(f"work signature: {name} must map names to non-negative integer counts")
         for name in ("allocations", "allocated_bytes", "graphs", "graph_breaks", "recompiles"):
             value = getattr(self, name)
+            if name == "graph_breaks" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"work signature: {name} must be a non-negative integer")
         if self.instructions is not None and (isinstance(self.instructions, bool) or
@@ -65,7 +68,7 @@ class Signature:
         if counter == "transfers":
             return sum(n for way, n in self.copies.items() if way in TRANSFERS)
         if counter in ("allocations", "recompiles", "graphs", "graph_breaks"):
-            return getattr(self, counter)
+            return getattr(self, counter) or 0
         if counter == "instructions":
             return self.instructions or 0
         return sum(getattr(self, counter).values())

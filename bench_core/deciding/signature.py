@@ -27,7 +27,7 @@ def differences(base: Signature, cand: Signature) -> list[str]:
                    f"({'+' if db >= 0 else '-'}{_mb(abs(db))})")
     if cand.graphs != base.graphs:
         out.append(f"torch.compile graphs {base.graphs} -> {cand.graphs}")
-    if cand.graph_breaks != base.graph_breaks:
+    if cand.graph_breaks != base.graph_breaks and None not in (cand.graph_breaks, base.graph_breaks):
         new = [r for r in cand.break_reasons if r not in base.break_reasons]
         out.append(f"graph breaks {base.graph_breaks} -> {cand.graph_breaks}" + (f": {'; '.join(new)}" if new else ""))
     if cand.recompiles != base.recompiles:

@@ -311,7 +311,8 @@ def signature_table(results: Sequence[Measurement], wide: bool = False) -> str:
             continue
         rows.append([m.name, s.total("operators"), s.total("syncs"),
                      f"{s.total('copies')} ({mb(sum(s.copy_bytes.values()))})",
-                     f"{s.allocations} ({mb(s.allocated_bytes)})", s.graphs, s.graph_breaks, s.recompiles,
+                     f"{s.allocations} ({mb(s.allocated_bytes)})", s.graphs,
+                     NOT_OBSERVED if s.graph_breaks is None else s.graph_breaks, s.recompiles,
                      NOT_OBSERVED if s.instructions is None else f"{s.instructions:,}"])
     return fit(["scenario", "operators", "syncs", "copies", "allocations", "graphs", "breaks", "recompiles",
                 "instructions"], rows, wide=wide, foldable=("graphs", "breaks", "recompiles"),

@@ -98,8 +98,8 @@ def _compiled(fn: Callable[[], Any], setup: Callable[[], Any] | None) -> dict:
     counters.clear()
     call()
     frames = counters["frames"]["total"]
-    if not frames:
-        return {}
+    if not frames:   # compiled before this call, if at all: the graphs it runs, from the profiler's regions
+        return _warm_graphs(call)
     # dynamo counts a break's reason once per attempt to trace past it; each break leaves one resume function
     reasons = sorted({_reason(r) for r in counters["graph_break"] if str(r).strip()})
     breaks = int(sum(counters["resumes"].values()))
@@ -109,6 +109,17 @@ def _compiled(fn: Callable[[], Any], setup: Callable[[], Any] | None) -> dict:
     guards = sorted({_guard(g) for code, failed in guard_failures.items() for g in failed[seen.get(code, 0):]})
     return {"graphs": graphs, "graph_breaks": breaks, "break_reasons": tuple(reasons),
             "recompiles": int(counters["frames"]["total"] - frames), "recompile_reasons": tuple(guards)}
+
+
+def _warm_graphs(call: Callable[[], None]) -> dict:
+    """A warm compiled step's graphs, counted as the compiled regions one call runs (a graph break added to the
+    step is one region more); its breaks and their reasons were known only when it compiled: not observed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+    regions = sum(1 for e in prof.events() if e.name.startswith("Torch-Compiled Region"))
+    return {"graphs": regions, "graph_breaks": None} if regions else {}
 
 
 def _guard(text) -> str:
