@@ -196,7 +196,7 @@ def test_a_revisions_build_never_writes_into_this_trees_build_folder(repo, tmp_p
 
 
 def test_bisect_builds_each_commit_it_tests_once_and_finds_the_commit_that_made_the_extension_slower(tmp_path, capsys):
-    """Three commits after GOOD; the second makes the C function 2x slower. Each step's worktree is built with the
+    """Two commits after GOOD; the first makes the C function 2x slower. Each step's worktree is built with the
     declared build before its comparison (GOOD's side by the step's own --bench-build), every build cached: each
     commit is built at most once however many steps test it, and the plan says so."""
     from bench_core.shells.cli import main
@@ -211,8 +211,8 @@ def test_bisect_builds_each_commit_it_tests_once_and_finds_the_commit_that_made_
     (tmp_path / ".gitignore").write_text("*.so\nbuild/\n.bench/\nbuilt.txt\n")
     git("init", "-q")
     shas = []
-    for i in range(4):
-        _write(tmp_path, cost=4.0 if i >= 2 else 2.0)
+    for i in range(3):
+        _write(tmp_path, cost=4.0 if i >= 1 else 2.0)
         (tmp_path / "fastpkg" / "__init__.py").write_text(PACKAGE.format(factor=1.0) + f"# commit {i}\n")
         git("add", "-A")
         git("commit", "-qm", f"commit {i}")
@@ -223,7 +223,7 @@ def test_bisect_builds_each_commit_it_tests_once_and_finds_the_commit_that_made_
                  "--bench-rounds", "5", "--bench-pairs", "2", "--bench-worker-pairs", "3"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert f"first bad commit: {shas[2]}" in out and "was first built with" in out
+    assert f"first bad commit: {shas[1]}" in out and "was first built with" in out
     built = counter.read_text().splitlines()
     assert len(built) == len(set(built)) and "# commit 0" in built   # GOOD built too, no commit twice
     assert git("status", "--porcelain") == ""
@@ -327,7 +327,7 @@ def test_a_submodule_moved_from_the_revisions_commit_counts_as_changed_compiled_
 def test_a_build_past_its_limit_is_ended_with_everything_it_started(tmp_path):
     from bench_core.files.children import alive, end_group, run_logged
 
-    ran = run_logged(["/bin/sh", "-c", "sleep 60 & echo $!; wait"], tmp_path / "log", 1.5, start_new_session=True,
+    ran = run_logged(["/bin/sh", "-c", "sleep 60 & echo $!; wait"], tmp_path / "log", 0.5, start_new_session=True,
                      ending=end_group)
     grandchild = int((tmp_path / "log").read_text().split()[0])
     assert ran.code is None and not alive(grandchild)   # the compiler a build's shell started, not only the shell
