@@ -43,18 +43,18 @@ def test_the_shards_of_a_split_are_disjoint_cover_it_and_balance_known_durations
 
 def _run_shards(pytester, n, tag, slow=()):
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_zoo=SUITE.format(n=40, slow=set(slow) or "set()"))
+    pytester.makepyfile(test_zoo=SUITE.format(n=24, slow=set(slow) or "set()"))
     files = []
     for k in range(1, n + 1):
         res = pytester.runpytest("--bench-shard", f"{k}/{n}", "--bench-out", f"{tag}{k}", "-p", "no:randomly")
-        res.assert_outcomes(passed=len([i for i in range(40) if i % n == k - 1]) or None)
+        res.assert_outcomes(passed=len([i for i in range(24) if i % n == k - 1]) or None)
         (f,) = (pytester.path / f"{tag}{k}").glob("session-*.json")
         files.append(f)
     return files
 
 
 def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard_fails_the_merge(pytester, capsys):
-    """Three shards of a 40-scenario suite, merged, against a merged baseline of the same split: the A/A decides
+    """Three shards of a 24-scenario suite, merged, against a merged baseline of the same split: the A/A decides
     no scenario slower; one scenario made 2x slower in one shard fails the merged gate; a missing shard, a shard
     given twice and a shard of another split fail the merge, naming them."""
     from bench_core.shells.cli import main
@@ -65,7 +65,7 @@ def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard
         assert main(["merge", *map(str, files), "--out", str(pytester.path / f"base{r}.json")]) == 0
         bases.append(str(pytester.path / f"base{r}.json"))
     merged = json.loads((pytester.path / "base0.json").read_text())
-    assert len(merged["results"]) == 40 and merged["merged"]["count"] == 3
+    assert len(merged["results"]) == 24 and merged["merged"]["count"] == 3
     assert main(["merge", *map(str, files), "--out", bases[-1]]) == 2   # never written over
     assert main(["baseline", "add", "main", *bases, "--baselines", str(pytester.path / "baselines")]) == 0
     assert main(["baseline", "add", "main", str(files[0]), "--baselines", str(pytester.path / "baselines")]) == 2
@@ -82,7 +82,7 @@ def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard
     capsys.readouterr()
     assert main(["compare", "main", str(pytester.path / "same.json"), *gate]) == 0
     err = capsys.readouterr().err
-    assert "0 slower" in err and "of 40 scenario(s) decided" in err
+    assert "0 slower" in err and "of 24 scenario(s) decided" in err
 
     slow = _run_shards(pytester, 3, "slow", slow={17})
     assert main(["merge", *map(str, slow), "--out", str(pytester.path / "slow.json")]) == 0
