@@ -71,6 +71,10 @@ def result_groups(s) -> list[tuple[str, list]]:
             for key in order]
 
 
+# pytest-benchmark's --benchmark-group-by keys, besides param:NAME; the plugin refuses any other
+GROUP_KEYS = ("group", "name", "fullname", "func", "fullfunc", "param")
+
+
 def _group_key(group_by: str, m) -> str:
     """pytest-benchmark's grouping keys (group, name, fullname, func, fullfunc, param, param:NAME), for a result."""
     meta = m.scenario.metadata

@@ -78,14 +78,13 @@ def _values(config):
     return opt.values(config.getoption, project), project
 
 
-GROUP_KEYS = ("group", "name", "fullname", "func", "fullfunc", "param")
-
-
 def _pytest_benchmark(config, values) -> dict:
     """The session's fields that pytest-benchmark's own options give, where bench_core adopts its fixture:
     --benchmark-json (replaced each run, as there) and --benchmark-group-by."""
     if not config.pluginmanager.hasplugin("benchmark") or values(opt.PB_FIXTURE) == "leave":
         return {}
+    from bench_core.output.summary import GROUP_KEYS
+
     out = {"group_by": config.getoption("benchmark_group_by", None)}
     keys = [k.strip() for k in (out["group_by"] or "").split(",") if k.strip()]
     wrong = [k for k in keys if k not in GROUP_KEYS and not (k.startswith("param:") and len(k) > 6)]
