@@ -117,6 +117,7 @@ class CompiledCode:
     built: tuple[str, ...]
     sources: tuple[str, ...]
     differ: tuple[str, ...]
+    digests: tuple[str, str] = ("", "")   # of each tree's compiled sources (current, revision), as listed
 
     @property
     def present(self) -> bool:
@@ -133,8 +134,12 @@ def survey(current_root: Path, rev_root: Path, commit: str) -> CompiledCode:
     if not built and not sources:
         return CompiledCode((), (), ())
     inputs = sources + sorted(rel for rel in here | there if _build_input(rel))
-    differ = [rel for rel in inputs if _digest(current_root / rel) != _digest(rev_root / rel)]
-    return CompiledCode(tuple(built), tuple(sources), tuple(differ + _submodules_moved(current_root, commit)))
+    digests = {rel: (_digest(current_root / rel), _digest(rev_root / rel)) for rel in inputs}   # each file read once
+    differ = [rel for rel in inputs if digests[rel][0] != digests[rel][1]]
+    of_sources = tuple(hashlib.sha256(json.dumps([(rel, digests[rel][side]) for rel in sources]).encode())
+                       .hexdigest()[:16] for side in (0, 1))
+    return CompiledCode(tuple(built), tuple(sources), tuple(differ + _submodules_moved(current_root, commit)),
+                        of_sources)
 
 
 def _submodules_moved(root: Path, commit: str) -> list[str]:
@@ -187,17 +192,12 @@ def prepare(code: CompiledCode, current_root: Path, rev_root: Path, label: str, 
     return replace(_prepared(code, current_root, rev_root, label, commit, build, cache),
                    why=f"the project has compiled code ({_shown(code.built or code.sources, 2)}), and one process "
                        f"cannot hold two builds of one extension module",
-                   sources=(_sources_digest(current_root, code.sources), _sources_digest(rev_root, code.sources)),
+                   sources=code.digests,
                    cache=str(cache))
 
 
-def _sources_digest(root: Path, sources: Iterable[str]) -> str:
-    parts = [(rel, _digest(root / rel)) for rel in sources]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
-
-
 def _stale(code: CompiledCode, root: Path) -> list[str]:
-    """This tree's compiled sources edited after its oldest built module: the current side would run a build of
+    """This tree's compiled sources edited after its newest built module: the current side would run a build of
     other sources than its own."""
     try:   # the newest: a build skips extensions whose sources did not change, keeping their older files
         built = max((root / rel).stat().st_mtime for rel in code.built)
