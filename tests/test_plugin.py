@@ -237,15 +237,21 @@ def test_fast(bench):
 
 def test_wrong(bench):
     bench.ab("wrong", lambda: None, lambda: None, validation=Report(False))
+
+def test_wrong_output(bench):   # no validation report: the A/B's own comparison of the outputs rejects it
+    clock = FakeClock()
+    bench.ab("wrong_output", lambda: clock.advance_ms(2) or 2.0, lambda: clock.advance_ms(1) or 3.0, clock=clock)
 ''')
     res = bt.runpytest()
-    res.assert_outcomes(passed=1, failed=1)
+    res.assert_outcomes(passed=1, failed=2)
+    res.stdout.fnmatch_lines(["*A/B 'wrong_output': candidate rejected as incorrect*"])
+    assert "AttributeError" not in res.stdout.str()   # the reason, not a crash over the missing report
     res.stdout.fnmatch_lines(["*A/B 'wrong': candidate rejected as incorrect*", "*correctness: FAIL (made up)*",
                               "*bench_core A/B decisions*",
                               "halved*2.000*1.000*2.000x*60*pass*faster",
                               "wrong*-*-*FAIL*rejected: incorrect"])
     records = sorted((bt.path / ".bench" / "results").glob("decision-*.json"))
-    assert [json.loads(p.read_text())["name"] for p in records] == ["halved", "wrong"]
+    assert sorted(json.loads(p.read_text())["name"] for p in records) == ["halved", "wrong", "wrong_output"]
     doc = json.loads(records[0].read_text())
     assert doc["format"] == "bench_core.decision" and len(doc["baseline_ms"]) == 60
     assert doc["correctness"] == {"ok": True} and doc["environment"]["device"] == "cpu"

@@ -182,5 +182,6 @@ class BenchFixture:
             pytest.fail(str(exc), pytrace=False)
         self._node.user_properties.append(("bench_ab_verdict", res.verdict))
         if res.verdict == REJECTED:
-            pytest.fail(f"A/B {name!r}: candidate rejected as incorrect\n{validation.table()}", pytrace=False)
+            why = validation.table() if validation is not None else res.reason   # its own output check's reason
+            pytest.fail(f"A/B {name!r}: candidate rejected as incorrect\n{why}", pytrace=False)
         return res
