@@ -281,7 +281,12 @@ def _load_results(run: Mapping, path: Path, where: str) -> list[Measurement]:
 def load_session(path: Path) -> tuple[dict, list[Measurement]]:
     """Read a session file: (environment, measurements)."""
     doc = session_doc(path)
-    return doc["environment"], _load_results(doc, path, "")
+    return doc["environment"], session_results(doc, path)
+
+
+def session_results(doc: Mapping[str, Any], path: Path) -> list[Measurement]:
+    """A session document's measurements, each validated (`path`: where it was read, for the errors)."""
+    return _load_results(doc, path, "")
 
 
 def session_doc(path: Path) -> dict:

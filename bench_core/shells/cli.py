@@ -134,9 +134,9 @@ def cmd_baseline(ns) -> int:
                        f"{len(doc['errors'])} scenario(s) failed in it" if doc.get("errors") else None)
                 if why:   # a part of a run, or a run that is not whole
                     raise ValueError(f"{session}: {why}: not a whole run, not stored")
-                environment, results = storage.load_session(Path(session))
-                path, n = storage.save_baseline(Path(ns.bench_baselines), ns.name, results, environment, append=True,
-                                                run_id=doc.get("run_id"))
+                results = storage.session_results(doc, Path(session))
+                path, n = storage.save_baseline(Path(ns.bench_baselines), ns.name, results, doc["environment"],
+                                                append=True, run_id=doc.get("run_id"))
                 print(f"{session}: added to {path} as run {n}")
         else:
             path, left = storage.drop_run(Path(ns.bench_baselines), ns.name, ns.run)

@@ -73,8 +73,7 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
 
     return session.run_against(scenario, live, rebuild, rev_build, items=kwargs.get("items"),
                                proof={**loaded.proof(request.path, request.function, theirs),
-                                      **({"test_from_this_tree": str(path.relative_to(loaded.root))}
-                                         if path in loaded.borrowed else {})},
+                                      **borrowed_test(loaded, path)},
                                clock=kwargs.get("clock"), backend=kwargs.get("backend"),
                                servers=lambda: process_sides(session, request, name, path, function))
 
@@ -89,10 +88,14 @@ def fixture_values(request):
 def _in_processes(session, request, scenario, live, path, function, kwargs, why):
     sides = process_sides(session, request, scenario.name, path, function)
     loaded = session.revision
-    borrowed = path is not None and path in loaded.borrowed
     return session.run_against_processes(scenario, live, sides, items=kwargs.get("items"), proof={
         "why_processes": why, **({"compiled": loaded.compiled.to_dict()} if loaded.compiled is not None else {}),
-        **({"test_from_this_tree": str(path.relative_to(loaded.root))} if borrowed else {})})
+        **borrowed_test(loaded, path)})
+
+
+def borrowed_test(loaded, path) -> dict:
+    """The record's word that the revision's side ran this tree's untracked test file (copied into its tree)."""
+    return {"test_from_this_tree": str(path.relative_to(loaded.root))} if path in loaded.borrowed else {}
 
 
 def new_here(loaded, request, name) -> bool:
