@@ -140,13 +140,12 @@ class SideBySide:
 
     scenario: str
     comparison: Comparison
-    rounds: tuple[dict, ...]
+    rounds: Mapping[str, Any]   # `timing.protocol.Rounds.to_dict()`
     code: Mapping[str, Any]
 
     def to_dict(self) -> dict:
-        rounds = list(self.rounds)
         return {"scenario": self.scenario, "comparison": self.comparison.to_dict(), "method": self.comparison.method,
-                "rounds": rounds[0] if len(rounds) == 1 else rounds, "code": dict(self.code)}
+                "rounds": dict(self.rounds), "code": dict(self.code)}
 
 
 class Ledger:
@@ -194,9 +193,9 @@ class Ledger:
         if replicas:
             self._replicas[c.name] = list(replicas)
 
-    def record_side_by_side(self, c: Comparison, rounds: list[dict], code: Mapping[str, Any] | None) -> None:
+    def record_side_by_side(self, c: Comparison, rounds: Mapping[str, Any], code: Mapping[str, Any] | None) -> None:
         self._comparisons.append(c)
-        self._side_by_side.append(SideBySide(c.name, c, tuple(rounds), dict(code or {})))
+        self._side_by_side.append(SideBySide(c.name, c, dict(rounds), dict(code or {})))
 
     def record_decision(self, name: str, result: Any) -> None:
         """An A/B decision (`workflows.ab.ABResult`)."""

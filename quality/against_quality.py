@@ -150,14 +150,22 @@ def pytest_run(root: Path, out: Path, extra: list[str]) -> float:
     return wall
 
 
+def _unit_logs(rounds: dict) -> list[float]:
+    """The units of evidence: each round, or each pair of processes (the mean of its rounds) where `units`."""
+    by: dict = {}
+    for unit, v in zip(rounds.get("units") or range(len(rounds["round_log_ratios"])), rounds["round_log_ratios"]):
+        by.setdefault(unit, []).append(v)
+    return [float(np.mean(v)) for v in by.values()]
+
+
 def trial_rows(session_file: Path) -> list[dict]:
     doc = json.loads(session_file.read_text())
     rows = []
     for rec in doc["against"]["scenarios"]:
         c = rec["comparison"]
-        parts = rec["rounds"]   # a list in worker mode: one per pair of processes, the unit of evidence there
+        parts = rec["rounds"]   # a list in older files of worker mode: one per pair of processes
         logs = np.asarray([np.mean(p["round_log_ratios"]) for p in parts] if isinstance(parts, list)
-                          else parts["round_log_ratios"])
+                          else _unit_logs(parts))
         n = logs.size
         se = logs.std(ddof=1) / math.sqrt(n)
         q = st.t.ppf(0.975, n - 1)
@@ -168,6 +176,7 @@ def trial_rows(session_file: Path) -> list[dict]:
                      "ci95": [math.exp(logs.mean() - q * se), math.exp(logs.mean() + q * se)],
                      "ci_decided": [c["ci_low"], c["ci_high"]], "confidence": c["confidence"], "rounds": n,
                      "mode": ("pairs of processes" if isinstance(parts, list) else
+                              "forked rounds, pairs of servers" if parts.get("units") else
                               "forked rounds" if "why_processes" in rec["code"] else "one process")})
     return rows
 

@@ -422,7 +422,7 @@ def _rounds_parts(doc: Mapping[str, Any], mhz: bool):
                     row.append(Sample(t))
                 rounds.append(tuple(row))
             sides[side] = tuple(rounds)
-        parts.append(Rounds(**sides))
+        parts.append(Rounds(**sides, units=tuple(part.get("units") or ())))
     return parts
 
 
@@ -439,8 +439,9 @@ def decide_rounds(name: str, parts, threshold: float, looks: int, family: int) -
     from bench_core.deciding.comparison import GateConfig
     from bench_core.deciding.gate import decide_family
     from bench_core.deciding.rounds import estimate_rounds
+    from bench_core.timing.protocol import joined
 
-    est = estimate_rounds(name, parts, threshold, timer="recomputed", looks=tuple(range(1, looks + 1)))
+    est = estimate_rounds(name, parts[0] if len(parts) == 1 else joined(parts), threshold, timer="recomputed", looks=tuple(range(1, looks + 1)))
     (c,) = decide_family([est], GateConfig(threshold=threshold), family_size=family)
     return _verdict(c.verdict, c.ratio, c.ci_low, c.ci_high, c.confidence)
 
@@ -463,10 +464,11 @@ def side_by_side_decisions(doc: Mapping[str, Any]) -> list[dict]:
         c, rounds = rec["comparison"], rec["rounds"]
         workload, cache, change = label(rec["scenario"])
         parts = rounds if isinstance(rounds, list) else [rounds]
-        n = len(parts[0]["round_log_ratios"]) if len(parts) == 1 else len(parts)
+        units = set(parts[0].get("units") or ()) if len(parts) == 1 else set(range(len(parts)))
+        n = len(units) or len(parts[0]["round_log_ratios"])
         d = {"scenario": rec["scenario"], "workload": workload, "cache": cache, "change": change,
              **_verdict(c["verdict"], c.get("ratio"), c.get("ci_low"), c.get("ci_high"), c.get("confidence")),
-             "rounds": n, "unit": "rounds" if len(parts) == 1 else "pairs of processes",
+             "rounds": n, "unit": "pairs of processes" if units else "rounds",
              "method": rec.get("method"), "sm_mhz": None, "recomputed": None, "cycles": None}
         if c.get("ratio") is not None and c["verdict"] not in ("incomparable",):
             family, looks = _family(c, len(records)), int(c.get("looks") or 1)

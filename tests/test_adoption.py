@@ -180,7 +180,8 @@ def test_a_changed_conftest_fixture_moves_its_tests_to_processes_and_says_why_on
     _committed(pb, test_suite=OPS.replace("[8, 16]", "[8]"))
     (pb.path / "conftest.py").write_text((pb.path / "conftest.py").read_text().replace('return "float32"',
                                                                                        'return "float32"  # v2'))
-    res = pb.runpytest_subprocess("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2")
+    res = pb.runpytest_subprocess("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2",
+                                  "--bench-malloc", "pinned")   # one pair of servers a side: cheaper, same point
     out = " ".join(res.stdout.str().split())
     said = "2 scenarios (test_op[cpu-8-add], test_op[cpu-8-mul]): each side in a process of its own: in one process " \
         "HEAD's side would run the current tree's code for the fixture"
@@ -411,7 +412,8 @@ class TestB:
 def test_two_classes_with_one_method_name_are_each_served_their_own(pb):
     _committed(pb, test_two=TWO_CLASSES)
     pb.makepyfile(test_two=TWO_CLASSES.replace("MS = 1.0", "MS = 1.5"))
-    res = pb.runpytest_subprocess("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2")
+    res = pb.runpytest_subprocess("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2",
+                                  "--bench-malloc", "pinned")   # one pair of servers a side: cheaper, same point
     verdicts = _verdicts(res)
     assert res.ret == 1 and sorted(verdicts.values()) == ["slower", "unchanged"], res.stdout.str()
     # a method needs its class's instance: each side's own pytest makes it, and the terminal says so

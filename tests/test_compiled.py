@@ -163,6 +163,7 @@ def test_a_changed_extension_source_is_refused_without_a_build_and_built_once_wi
         if run:
             (repo.path / "pyproject.toml").write_text(f"[tool.bench_core]\nbuild = {json.dumps(build)}\n")
         res = repo.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out",
+                             "--bench-malloc", "pinned",   # one pair of servers a side: cheaper, same point
                              *(["--bench-build", build] if not run else []))
         res.assert_outcomes(failed=1)
         res.stdout.fnmatch_lines(["*scenario 'fast': slower against revision 'HEAD'*"])
@@ -220,7 +221,8 @@ def test_bisect_builds_each_commit_it_tests_once_and_finds_the_commit_that_made_
     counter = tmp_path / "built.txt"
     build = f"tail -n 1 fastpkg/__init__.py >> {counter} && {BUILD}"   # "# commit i": which commit was built
     code = main(["bisect", shas[0], shas[-1], "-k", "fast", "--repo", str(tmp_path), "--build", build, "--",
-                 "--bench-rounds", "5", "--bench-pairs", "2", "--bench-worker-pairs", "3"])
+                 "--bench-rounds", "5", "--bench-pairs", "2", "--bench-worker-pairs", "3",
+                 "--bench-malloc", "pinned"])   # one pair of servers a side: cheaper, same point
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"first bad commit: {shas[1]}" in out and "was first built with" in out
@@ -258,7 +260,8 @@ def test_just_in_time_extensions_are_compiled_by_each_side_in_a_folder_of_its_ow
     commit_all(pytester.path)
     source = pytester.path / "fastpkg" / "_fast.c"
     source.write_text(source.read_text().replace("#define COST 2.0", "#define COST 4.0"))
-    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out")
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out",
+                             "--bench-malloc", "pinned")   # one pair of servers a side: one build each
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["bench_core: compiled code: compiled sources differ, nothing built ahead of time*"])
     rec = _record(pytester)

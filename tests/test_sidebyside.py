@@ -400,6 +400,41 @@ class _FakeServer:
         self.closed = True
 
 
+def test_served_rounds_taken_in_turn_by_several_pairs_keep_each_pairs_bias_in_the_interval():
+    """#48: at malloc as-is a forked round inherits its server's allocator state, so a server's bias is shared by
+    all its rounds: with several pairs the pair is the unit, and an A/A whose pairs are biased is not called."""
+    from dataclasses import replace
+
+    from bench_core.timing.protocol import run_served
+
+    # identical code; each pair of processes drew a bias of its own (log ratios 0.16, 0.12, 0.0, 0.04: mean 0.08)
+    bias = [(5.0, 5.0 * math.exp(0.16)), (5.0, 5.0 * math.exp(0.12)), (5.0, 5.0), (5.0, 5.0 * math.exp(0.04))]
+    pairs = [{"baseline": _FakeServer("baseline", b), "candidate": _FakeServer("candidate", c)} for b, c in bias]
+    seen = []
+    res = run_served(pairs, Sampler("s", CpuBackend(), FakeClock()), rounds=12, pairs=2, warmup=0,
+                     extend_to=(16,), go_on=lambda r: seen.append(r.units) or True)
+    assert res.units == tuple(r % 4 for r in range(16)) and seen == [tuple(r % 4 for r in range(12))]
+    assert [p["baseline"].builds for p in pairs] == [4, 4, 4, 4]   # each pair served its own rounds only
+    assert res.unit_log_ratios == pytest.approx([0.16, 0.12, 0.0, 0.04])
+    est = estimate_rounds("s", res, 0.02, timer="host")
+    assert est.df == 3 and est.baseline_runs == 4
+    assert decide(res).verdict not in (SLOWER, FASTER)
+    # the same rounds read as if each drew its own bias: 16 units, a narrow interval, a false "slower"
+    assert decide(replace(res, units=())).verdict == SLOWER
+
+
+def test_rounds_joined_from_pairs_of_processes_refuse_a_unit_count_that_is_not_one_per_round():
+    from bench_core.timing.protocol import Rounds, joined
+
+    clock = FakeClock()
+    part = run_rounds(builders(clock, 2.0, 3.0), Sampler("s", CpuBackend(), clock), rounds=2, pairs=1, min_rounds=1)
+    both = joined([part, part])
+    assert both.units == (0, 0, 1, 1) and both.to_dict()["units"] == [0, 0, 1, 1]
+    assert "units" not in part.to_dict()
+    with pytest.raises(ValueError, match="3 units for 2 rounds"):
+        Rounds(part.baseline, part.candidate, units=(0, 1, 2))
+
+
 def test_server_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_failed():
     from bench_core.timing.protocol import run_processes
 
@@ -413,7 +448,8 @@ def test_server_pairs_go_back_to_the_pool_whole_or_are_ended_when_their_pair_fai
     res = run_processes({"baseline": spawn("baseline", 2.0), "candidate": spawn("candidate", 3.0)},
                         Sampler("s", CpuBackend(), FakeClock()), processes=3, rounds=2, pairs=2,
                         release=lambda side, k, w, ok: released.append((side, k, ok)))
-    assert len(res) == 3 and all(r.round_log_ratios == pytest.approx([math.log(1.5)] * 2) for r in res)
+    # one Rounds, each pair of processes its own unit of evidence
+    assert res.units == (0, 0, 1, 1, 2, 2) and res.unit_log_ratios == pytest.approx([math.log(1.5)] * 3)
     assert sorted(released) == sorted((s, k, True) for k in range(3) for s in ("baseline", "candidate"))
     assert all(w.ends == w.builds == 2 for w in made.values())    # every round's instance ended with its round
     # both servers are asked for a round before either is waited for: their children build side by side
@@ -526,7 +562,7 @@ def test_a_served_pair_sample_asks_its_server_for_a_call_of_its_own_step_first_a
     samples = []
     steps = (("baseline", 2.0), ("candidate", 3.0)) if short else (("baseline", 12.0), ("candidate", 13.0))
     servers = {side: _FakeServer(side, ms, samples=samples) for side, ms in steps}
-    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=3, warmup=1)
+    run_served([servers], Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=3, warmup=1)
     assert len(samples) == 3 * (2 + 2 + 6)   # per round: a first call and a warmup call each, then three pairs
     for r in range(3):
         first, pairs = samples[10 * r:10 * r + 4], samples[10 * r + 4:10 * r + 10]
@@ -585,7 +621,7 @@ def test_served_rounds_leave_a_cpu_that_other_work_keeps_busy(monkeypatch):
         reads.append(n)
         return {0: (10 * n, 10 * n), 1: (3 * n, 10 * n)}
     servers = {side: _FakeServer(side, ms) for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
-    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=12, pairs=2, threads=1, ticks=ticks)
+    run_served([servers], Sampler("s", CpuBackend(), FakeClock()), rounds=12, pairs=2, threads=1, ticks=ticks)
     held = servers["baseline"].cpus
     assert held == servers["candidate"].cpus and len(reads) == 12
     assert set(held[1:]) == {(1,)}   # after round 0, which has nothing to go by
@@ -614,7 +650,7 @@ def test_both_servers_of_a_round_hold_it_to_the_same_cpus_drawn_afresh_each_roun
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     servers = {side: _FakeServer(side, ms) for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
     # /proc/stat unread (as off Linux): drawn at random each round, whatever else this machine is running
-    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=12, pairs=2, threads=threads,
+    run_served([servers], Sampler("s", CpuBackend(), FakeClock()), rounds=12, pairs=2, threads=threads,
                ticks=lambda: None)
     assert servers["baseline"].cpus == servers["candidate"].cpus and len(servers["baseline"].cpus) == 12
     if threads is None:
@@ -633,7 +669,7 @@ def test_rounds_timed_in_other_processes_leave_this_ones_collector_alone(monkeyp
     collected = []
     monkeypatch.setattr(gc, "collect", lambda *a: collected.append(a) or 0)
     servers = {side: _FakeServer(side, ms) for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
-    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2)
+    run_served([servers], Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2)
     assert collected == [] and gc.isenabled()
     run_rounds({side: (lambda r: Instance(lambda: None)) for side in ("baseline", "candidate")},
                Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2)
@@ -646,7 +682,7 @@ def test_after_round_0_a_sides_first_call_comes_just_before_its_first_sample_and
     samples, requests = [], []
     servers = {side: _FakeServer(side, ms, samples=samples, requests=requests)
                for side, ms in (("baseline", 12.0), ("candidate", 13.0))}
-    run_served(servers, Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2, warmup=0)
+    run_served([servers], Sampler("s", CpuBackend(), FakeClock()), rounds=3, pairs=2, warmup=0)
     assert len(samples) == 3 * (2 + 4)          # per round: a first call each, then two pairs
     sides, ahead = [s for s, _ in samples[:6]], [a for _, a in samples[:6]]
     # round 0 settles the plan from both first calls, then its mirrored pairs start with the side that ran last

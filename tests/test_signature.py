@@ -130,6 +130,7 @@ def test_process_mode_counts_each_side_in_its_own_server(pytester):
     committed(pytester, test_s=SIDES.format(extra="pass"))
     pytester.makepyfile(test_s=SIDES.format(extra="float(y.sum().item())"))
     res = pytester.runpytest("--bench-against", "HEAD", "--bench-against-processes", "--bench-quick",
+                             "--bench-malloc", "pinned",   # one pair of servers: each side's signature counted once
                              "--bench-out", "out", "--bench-no-growth", "syncs")
     res.assert_outcomes(failed=1)
     out = " ".join(res.stdout.str().split())
@@ -160,7 +161,7 @@ def test_a_scenario_that_declares_its_own_no_growth_counters_is_held_to_them_wit
     assert saved["runs"][0]["results"][0]["scenario"]["no_growth"] == ["syncs"]
     pytester.makepyfile(test_s=DECLARED.format(extra="float(y.sum().item())"))
     for args in (("--bench-compare", "main", "--bench-min-runs", "1"), ("--bench-against", "HEAD"),
-                 ("--bench-against", "HEAD", "--bench-against-processes")):
+                 ("--bench-against", "HEAD", "--bench-against-processes", "--bench-malloc", "pinned")):
         res = pytester.runpytest(*args, "--bench-quick", "--bench-no-out")
         res.assert_outcomes(failed=1)
         res.stdout.fnmatch_lines(["*scenario 'step': its work grew (syncs: 0 -> 1 per step)*"])
@@ -515,7 +516,8 @@ def test_side_by_side_counts_each_sides_instructions_in_a_process_of_its_own(pyt
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     committed(pytester, test_s=CALLS.format(n=10))
     pytester.makepyfile(test_s=CALLS.format(n=20))
-    args = ("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-instructions")
+    args = ("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-instructions",
+            "--bench-malloc", "pinned")   # one pair of servers a side: cheaper, same point
     res = pytester.runpytest(*args)
     out = " ".join(res.stdout.str().split())
     assert "step: work signature: host instructions per step" in out and "callgrind)" in out

@@ -50,14 +50,13 @@ def estimate_rounds(name: str, rounds: Any, threshold: float, *, timer: str,
     `gate.decide_family`. A zero or non-finite sample makes the comparison inconclusive. `looks`: the
     numbers of rounds at which a sequential run may decide (alpha is split over them).
 
-    `rounds` is one `timing.protocol.Rounds`, or a list of them, one per pair of worker processes: each
-    process keeps a bias of its own for all its rounds, so the unit of evidence is then the process pair
-    (the mean of its rounds)."""
-    parts = list(rounds) if isinstance(rounds, (list, tuple)) else [rounds]
-    base_all = [v for part in parts for r in part.primary("baseline") for v in r]
-    cand_all = [v for part in parts for r in part.primary("candidate") for v in r]
+    `rounds` is one `timing.protocol.Rounds`; its units of evidence are its rounds, or, where pairs of processes
+    each served several rounds and keep a bias of their own (`Rounds.units`), those pairs (the mean of each
+    pair's rounds)."""
+    base_all = [v for r in rounds.primary("baseline") for v in r]
+    cand_all = [v for r in rounds.primary("candidate") for v in r]
     flat = base_all + cand_all
-    n = len(parts[0].baseline) if len(parts) == 1 else len(parts)
+    n = len(set(rounds.units)) if rounds.units else len(rounds.baseline)
     common = dict(name=name, threshold=threshold, baseline_runs=n, candidate_runs=n, timer=timer,
                   differences=dict(differences or {}), looks=max(1, len(looks)),
                   looks_at=f"at {', '.join(map(str, looks))} rounds" if len(looks) > 1 else None,
@@ -69,8 +68,7 @@ def estimate_rounds(name: str, rounds: Any, threshold: float, *, timer: str,
     if not flat or min(flat) <= 0 or not all(math.isfinite(v) for v in flat):
         return Comparison(verdict=INCONCLUSIVE,
                           reason="a sample is 0 ms or not finite (below the timer's resolution?): no ratio", **common)
-    est = over_rounds(parts[0].round_log_ratios if len(parts) == 1 else
-                      [float(np.mean(part.round_log_ratios)) for part in parts])
+    est = over_rounds(rounds.unit_log_ratios)
     if est.se is None:
         return Comparison(verdict=INCONCLUSIVE, reason=f"{SAME_RATIO} this scenario's spread",
                           ratio=math.exp(est.log_ratio), **common)

@@ -122,7 +122,7 @@ def comparison_lines(s) -> list[str]:
             lines.append(f"{who}: each side in a process of its own: {reason}")
     if s.workers is not None and s.workers.started:
         lines.append(f"process mode: {len(s.workers.scenarios)} scenario(s) served by {s.workers.started} pytest "
-                     f"process(es), one per side and test file, kept from scenario to scenario")
+                     f"process(es), each kept from scenario to scenario of its test file")
     lines += [f"{name}: {note}" for name, note in s.one_side]
     lines += [f"{test}: not measured by bench_core: {why}" for test, why in s.unmeasured]
     lines += [f"warning: {note}" for note in s.baseline_notes]

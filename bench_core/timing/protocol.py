@@ -184,6 +184,13 @@ class Rounds:
     load_ms: Mapping[str, float | None] = field(default_factory=dict)     # round 0's `load`, timed once
     seed: int = 0
     scenarios: Mapping[str, Any] = field(default_factory=dict)            # each side's record, from round 0
+    # the pair of processes that served each round, where a process keeps a bias of its own for all its rounds;
+    # empty: every round drew its own (fresh instances in one process, or each in a freshly forked child)
+    units: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.units and len(self.units) != len(self.baseline):
+            raise ValueError(f"{len(self.units)} units for {len(self.baseline)} rounds: one per round")
 
     def primary(self, side: str) -> tuple[tuple[float, ...], ...]:
         return tuple(tuple(x.primary_ms for x in r) for r in getattr(self, side))
@@ -194,13 +201,36 @@ class Rounds:
         return [float(np.median(np.log(np.asarray(c)) - np.log(np.asarray(b))))
                 for b, c in zip(self.primary("baseline"), self.primary("candidate"))]
 
+    @property
+    def unit_log_ratios(self) -> list[float]:
+        """The units of evidence: each round's log ratio, or, where rounds share a pair of processes (`units`), the
+        mean of that pair's rounds, so the bias a process keeps lands in the spread instead of in the answer."""
+        logs = self.round_log_ratios
+        if not self.units:
+            return logs
+        by_unit: dict[int, list[float]] = {}
+        for unit, v in zip(self.units, logs):
+            by_unit.setdefault(unit, []).append(v)
+        return [float(np.mean(v)) for v in by_unit.values()]
+
     def to_dict(self) -> dict:
         def ms(rounds):
             return [[[x.host_ms, x.gpu_ms] for x in r] for r in rounds]
 
         return {"samples_host_gpu_ms": {s: ms(getattr(self, s)) for s in SIDES},
                 "cold_host_gpu_ms": {k: [[x.host_ms, x.gpu_ms] for x in v] for k, v in self.cold.items()},
-                "load_ms": dict(self.load_ms), "seed": self.seed, "round_log_ratios": self.round_log_ratios}
+                "load_ms": dict(self.load_ms), "seed": self.seed, "round_log_ratios": self.round_log_ratios,
+                **({"units": list(self.units)} if self.units else {})}
+
+
+def joined(parts: Sequence[Rounds]) -> Rounds:
+    """Rounds run by several pairs of processes, one `Rounds` each, as one, each pair its own unit."""
+    if not parts:
+        raise ValueError("no rounds to join")
+    cold = {s: tuple(x for p in parts for x in p.cold.get(s, ())) for s in SIDES}
+    return Rounds(tuple(r for p in parts for r in p.baseline), tuple(r for p in parts for r in p.candidate), cold,
+                  dict(parts[0].load_ms), parts[0].seed, dict(parts[0].scenarios),
+                  tuple(k for k, p in enumerate(parts) for _ in p.baseline))
 
 
 def ahead_of(sampler: Sampler, inst: Instance, what: str) -> None:
@@ -263,7 +293,7 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
                warmup: int = 1, seed: int = 0, min_rounds: int = 3, extend_to: Sequence[int] = (),
                go_on: Callable[[Rounds], bool] | None = None, after_build: Callable[[int], Any] | None = None,
                after_round: Callable[[int], Any] | None = None, warm_ms: float = 0.0, pairs_ms: float = 0.0,
-               ahead: str = "switch", timed_here: bool = True) -> Rounds:
+               ahead: str = "switch", timed_here: bool = True, unit_of: Callable[[int], int] | None = None) -> Rounds:
     """`build[side](round)` makes a fresh instance of that side. Each round: build both (in random order),
     a first (cold) call and `warmup` more of each, kept out of the estimate, untimed calls while its first
     call and they have taken less than `warm_ms`, then `pairs` pairs (more for a short step with `pairs_ms`),
@@ -286,7 +316,8 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     (a rank checks there that both sides start and end equal); neither is timed. `timed_here` False: every
     sample is timed in another process (`run_served`), so this one leaves its collector alone: a full collection
     of a pytest process that has imported torch is slow, and both sides' processes would wait for it
-    (docs/lab/from-the-code.md)."""
+    (docs/lab/from-the-code.md). `unit_of(r)`: the pair of processes that serves round r, where a process keeps a
+    bias of its own (`Rounds.units`)."""
     if rounds < min_rounds or pairs < 1:
         raise ValueError(f"side by side needs at least {min_rounds} rounds and 1 pair, got {rounds} and {pairs}")
     if list(extend_to) != sorted(set(extend_to)) or any(n <= rounds for n in extend_to):
@@ -294,7 +325,8 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     if ahead not in ("switch", "always"):
         raise ValueError(f"ahead must be 'switch' or 'always', got {ahead!r}")
     runner = _Runner(build, sampler, random.Random(seed), after_build, after_round,
-                     single=rounds == 1 and not extend_to, paused=gc_paused if timed_here else nullcontext)
+                     single=rounds == 1 and not extend_to, paused=gc_paused if timed_here else nullcontext,
+                     unit_of=unit_of)
     plan = _Plan(pairs, warmup, warm_ms, pairs_ms, always_ahead=ahead == "always")
     with gc_frozen() if timed_here else nullcontext():
         for r in range(rounds):
@@ -327,8 +359,8 @@ class _Runner:
     """The state of a side-by-side run as its rounds go by."""
 
     def __init__(self, build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, rng: random.Random,
-                 after_build=None, after_round=None, single: bool = False, paused=gc_paused):
-        self.build, self.sampler, self.rng, self.paused = build, sampler, rng, paused
+                 after_build=None, after_round=None, single: bool = False, paused=gc_paused, unit_of=None):
+        self.build, self.sampler, self.rng, self.paused, self.unit_of = build, sampler, rng, paused, unit_of
         self.after_build, self.after_round = after_build, after_round
         self.single = single   # one round only: its samples are named without a round number
         self.last: str | None = None   # the side whose step ran last (on this machine, in whichever process)
@@ -420,17 +452,23 @@ class _Runner:
         self.inst.clear()  # this round's instances go before the next round allocates its own
 
     def result(self, seed: int) -> Rounds:
+        n = len(self.samples["baseline"])
         return Rounds(tuple(self.samples["baseline"]), tuple(self.samples["candidate"]),
-                      {k: tuple(v) for k, v in self.cold.items()}, dict(self.load_ms), seed, dict(self.scenarios))
+                      {k: tuple(v) for k, v in self.cold.items()}, dict(self.load_ms), seed, dict(self.scenarios),
+                      tuple(self.unit_of(r) for r in range(n)) if self.unit_of is not None else ())
 
 
-def run_served(servers: Mapping[str, Any], sampler: Sampler, *, threads: int | None = None,
+def run_served(servers: Sequence[Mapping[str, Any]], sampler: Sampler, *, threads: int | None = None,
                ticks: Callable[[], Mapping[int, tuple[int, int]] | None] = cpu_ticks, **rounds_kw) -> Rounds:
-    """Rounds whose instances live in other processes (`servers[side]`, a `worker.Worker` serving its test): each
-    round each server makes a fresh instance (`start_round(cpus)`), held with the other side's to the same
-    `threads` CPUs, drawn afresh each round from those the last round left free (`sampling.shared_cpus`, with
-    `ticks()` read at each round's start: `sampling.cpu_ticks`), samples are asked for (`sample()`), and the
-    instance goes when the round ends (`end_round()`). `rounds_kw` are `run_rounds`'s."""
+    """Rounds whose instances live in other processes (`servers`: pairs of them, `pair[side]` a `worker.Worker`
+    serving its test; round r is served by pair r mod their number): each round both servers of its pair make a
+    fresh instance (`start_round(cpus)`), held together to the same `threads` CPUs, drawn afresh each round from
+    those the last round left free (`sampling.shared_cpus`, with `ticks()` read at each round's start:
+    `sampling.cpu_ticks`), samples are asked for (`sample()`), and the instance goes when the round ends
+    (`end_round()`). With more than one pair, each pair is a unit of evidence (`Rounds.units`): a process whose
+    rounds fork from it still hands them its allocator's state. `rounds_kw` are `run_rounds`'s."""
+    if not servers:
+        raise ValueError("run_served needs at least one pair of servers")
     started: set[tuple[int, str]] = set()
     places = random.Random(rounds_kw.get("seed", 0) + 0x5EED)   # its own stream: the call order stays the seed's
     last: dict[str, Any] = {"ticks": None, "cpus": None}
@@ -445,54 +483,62 @@ def run_served(servers: Mapping[str, Any], sampler: Sampler, *, threads: int | N
         def build(r: int) -> Instance:
             # both servers asked at once: their children fork and set up side by side, untimed, and the first
             # instance built waits for the other before any call is timed (run_rounds builds both first)
+            pair = servers[r % len(servers)]
             if (r, side) not in started:
                 cpus = draw()
                 for s in SIDES:
                     started.add((r, s))
-                    on_side(s, lambda: servers[s].start_round(cpus))
-            return Instance(fn=lambda: None, remote=servers[side].sample, remote_warm=servers[side].warm,
-                            remote_first=servers[side].first_then_sample, scenario=servers[side].built())
+                    on_side(s, lambda: pair[s].start_round(cpus))
+            return Instance(fn=lambda: None, remote=pair[side].sample, remote_warm=pair[side].warm,
+                            remote_first=pair[side].first_then_sample, scenario=pair[side].built())
         return build
 
     def after_round(r: int) -> None:
+        pair = servers[r % len(servers)]
         for side in SIDES:
-            on_side(side, servers[side].start_end)
+            on_side(side, pair[side].start_end)
         for side in SIDES:
-            on_side(side, servers[side].ended)
-    return run_rounds({s: builder(s) for s in SIDES}, sampler, after_round=after_round, timed_here=False, **rounds_kw)
+            on_side(side, pair[side].ended)
+    return run_rounds({s: builder(s) for s in SIDES}, sampler, after_round=after_round, timed_here=False,
+                      unit_of=(lambda r: r % len(servers)) if len(servers) > 1 else None, **rounds_kw)
 
 
-def with_servers(spawn: Mapping[str, Callable[[int], Any]], k: int, work: Callable[[Mapping[str, Any]], Any], *,
-                 seed: int = 0, release: Callable[[str, int, Any, bool], None] | None = None) -> Any:
-    """`work(servers)` with the k-th pair of servers: `spawn[side](k)` gives side's (started in a seeded random
-    order, then both waited for, each loading its code meanwhile). Afterwards each goes to `release(side, k,
-    server, ok)` (default: ended)."""
+def with_servers(spawn: Mapping[str, Callable[[int], Any]], ks: Sequence[int],
+                 work: Callable[[list[Mapping[str, Any]]], Any], *, seed: int = 0,
+                 release: Callable[[str, int, Any, bool], None] | None = None) -> Any:
+    """`work(pairs)` with the pairs of servers numbered `ks`: `spawn[side](k)` gives side's server of pair k
+    (each pair's two started in a seeded random order, every pair started before any is waited for, each loading
+    its code meanwhile). Afterwards each server goes to `release(side, k, server, ok)` (default: ended)."""
     release = release or (lambda side, j, w, ok: w.close())
-    servers: dict[str, Any] = {}
+    pairs: dict[int, dict[str, Any]] = {}
     ok = False
     try:
-        for side in random.Random(seed + k).sample(SIDES, 2):
-            servers[side] = on_side(side, lambda: spawn[side](k))
-        for step in ("start_item", "reach", "wait_ready"):   # each step of both before the next (`Worker.assign`)
-            for side, w in servers.items():
-                on_side(side, getattr(w, step))
-        out = work(servers)
+        for k in ks:
+            pairs[k] = {}
+            for side in random.Random(seed + k).sample(SIDES, 2):
+                pairs[k][side] = on_side(side, lambda: spawn[side](k))
+        for servers in pairs.values():
+            for step in ("start_item", "reach", "wait_ready"):   # each step of both before the next (`Worker.assign`)
+                for side, w in servers.items():
+                    on_side(side, getattr(w, step))
+        out = work(list(pairs.values()))
         ok = True
         return out
     finally:
-        for side, w in servers.items():
-            release(side, k, w, ok)
+        for k, servers in pairs.items():
+            for side, w in servers.items():
+                release(side, k, w, ok)
 
 
 def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *, processes: int, rounds: int,
                   pairs: int, seed: int = 0, release: Callable[[str, int, Any, bool], None] | None = None,
-                  warm_ms: float = 0.0, threads: int | None = None) -> list[Rounds]:
-    """Side by side in `processes` pairs of servers that keep their own bias (see `run_served`): each pair runs
-    `rounds` rounds, and is the unit of evidence."""
+                  warm_ms: float = 0.0, threads: int | None = None) -> Rounds:
+    """Side by side in `processes` pairs of servers that keep their own bias and cannot fork (see `run_served`):
+    each pair in turn runs `rounds` rounds, and is the unit of evidence (`Rounds.units`)."""
     if processes < 3:
         raise ValueError(f"worker mode needs at least 3 pairs of processes, got {processes}")
-    return [with_servers(spawn, k, lambda servers: run_served(servers, sampler, rounds=rounds, pairs=pairs,
-                                                              seed=seed + k, min_rounds=1, warm_ms=warm_ms,
-                                                              threads=threads),
-                         seed=seed, release=release)
-            for k in range(processes)]
+    return joined([with_servers(spawn, [k], lambda servers: run_served(servers, sampler, rounds=rounds, pairs=pairs,
+                                                                       seed=seed + k, min_rounds=1, warm_ms=warm_ms,
+                                                                       threads=threads),
+                                seed=seed, release=release)
+                   for k in range(processes)])

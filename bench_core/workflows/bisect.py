@@ -276,7 +276,8 @@ def _step_from(commit: str, scenario: str, files: list[Path], tail: list[str]) -
         return Step(commit, INCONCLUSIVE, note=f"scenario {scenario!r} was not compared: "
                                                f"{'; '.join(why) or 'no test measured it'}")
     c = rec["comparison"]
-    rounds = rec["rounds"]
-    n = len(rounds["round_log_ratios"]) if isinstance(rounds, dict) else len(rounds)
+    rounds = rec["rounds"]   # a list in files of version 1 to 2 (one per pair of processes in worker mode)
+    n = (len(set(rounds.get("units") or ())) or len(rounds["round_log_ratios"]) if isinstance(rounds, dict)
+         else len(rounds))
     return Step(commit, c["verdict"], c.get("ratio"), c.get("ci_low"), c.get("ci_high"), c.get("confidence"), n,
                 tuple(c.get("facts") or ()))

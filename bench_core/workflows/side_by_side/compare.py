@@ -71,6 +71,11 @@ class AgainstConfig:
             raise ValueError(f"--bench-max-rounds ({self.max_rounds}) must be at least --bench-rounds "
                              f"({self.rounds}); equal to it turns the later looks off")
 
+    def served_pairs(self, quick: bool = False) -> int:
+        """Pairs of processes that take a process-mode comparison's forked rounds in turn, where each keeps a bias
+        (malloc as-is): the worker-mode pairs, the same unit of evidence."""
+        return self.quick_processes if quick else self.processes
+
     @property
     def in_processes(self) -> bool:
         return self.processes_only or self.python is not None
@@ -196,12 +201,15 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
 def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str, tuple[Mapping, Mapping]], *,
                           items: int | None = None, proof: Mapping[str, Any] | None = None
                           ) -> tuple[Measurement, Comparison | None]:
-    """The same with each side in a pytest process of its own (`sides[side]`: its server's init and the test item
-    it serves, see `workflows.worker`). Where the servers can fork, every round's instances live in freshly forked
-    children, a fresh bias each, so a round stays the unit of evidence and the looks are those of one process.
-    Where they cannot (CUDA), each process keeps a bias of its own, so the pair of processes is the unit: more
-    pairs, a wider interval, and the method says so. Servers are the session's pool, kept from scenario to
-    scenario of one test file. The current side's result is its own samples, or a plain measurement of `live`."""
+    """The same with each side in pytest processes of its own (`sides[side]`: its servers' init and the test item
+    they serve, see `workflows.worker`). Where the servers can fork, every round's instances live in freshly forked
+    children, with a heap laid out afresh, and the looks are those of one process. A forked child still inherits
+    its server's allocator state, which glibc's malloc as-is (not pinned) tunes from what the server freed, so at
+    that default `served_pairs` pairs of servers take the rounds in turn and each pair is a unit of evidence
+    (`Rounds.units`); pinned, one pair does, each round its own unit. Where the servers cannot fork (CUDA), each
+    process keeps a bias of its own, so the pair of processes is the unit: more pairs, a wider interval, and the
+    method says so. Servers are the session's pool, kept from scenario to scenario of one test file. The current
+    side's result is its own samples, or a plain measurement of `live`."""
     from bench_core.workflows.side_server import can_fork
 
     a, quick = session.config.against, session.config.quick
@@ -215,6 +223,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
 
     if can_fork(session.config.device):
         looks, pairs = a.looks(quick), QUICK.pairs if quick else a.pairs
+        served = 1 if session.config.malloc == "pinned" else a.served_pairs(quick)
         # the servers warm up before they fork, so a child's first call is not a cold start: that is observed here,
         # on this process's own instance of the current side, as a plain run observes it
         first = Sampler(scenario.name, backend_for(session.config.device))
@@ -230,20 +239,22 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                              seed=a.seed, extend_to=looks[1:], go_on=judge.go_on, pairs_ms=a.pairs_ms,
                              threads=session.config.threads)
             if not quick and judge(res, "host").verdict in (SLOWER, FASTER):
-                profiled.extend(_profile_served(session, scenario.name, servers))
+                profiled.extend(_profile_served(session, scenario.name, servers[0]))
             return res
 
         def run(judge):
-            res = with_servers(spawn, 0, lambda servers: rounds_then_profile(servers, judge), seed=a.seed,
-                               release=release)
+            res = with_servers(spawn, range(served), lambda servers: rounds_then_profile(servers, judge),
+                               seed=a.seed, release=release)
             _check_processes(scenario.name, ran, session.revision)
             return res
         how = (f"{looks[0]} rounds" if len(looks) == 1 else
                f"{looks[0]} rounds, {looks[-1]} at most for a possible change")
-        return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, each side a pytest "
-                                                           f"process of its own, every round in freshly forked "
-                                                           f"children{_held_said(session.config.threads)}"
-                                                           f"{malloc}",
+        where = ("each side a pytest process of its own" if served == 1 else
+                 f"each side {served} pytest processes taking the rounds in turn (a pair of processes is the unit: "
+                 f"its children inherit its allocator's state)")
+        return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, {where}, every round "
+                                                           f"in freshly forked children"
+                                                           f"{_held_said(session.config.threads)}{malloc}",
                              items, proof, None, None, looks, cold=cold,
                              signatures=lambda: _served_signatures(session, scenario.name, ran),
                              explain=lambda: tuple(profiled) if profiled else None,
@@ -258,7 +269,8 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
         return res
     return _side_by_side(session, scenario, live, run_pairs, f"{k} pairs of pytest processes x {rounds} rounds x "
                                                              f"{pairs} pairs (processes that cannot fork: a "
-                                                             f"process is the unit){malloc}", items, proof, None, None)
+                                                             f"process is the unit){malloc}", items, proof, None, None,
+                         current_here=True)
 
 
 def _profile_served(session, name: str, servers) -> list:
@@ -304,7 +316,7 @@ def count_instructions(session, name: str, sides: Mapping[str, tuple[Mapping, Ma
     spawn = {side: (lambda j, side=side: pool.get(side, j, {**sides[side][0], "instructions": folder},
                                                   sides[side][1])) for side in sides}
     try:
-        with_servers(spawn, 0, lambda servers: None, release=_release_to(pool, reports.__setitem__))
+        with_servers(spawn, [0], lambda servers: None, release=_release_to(pool, reports.__setitem__))
     except SideError as exc:
         session.not_counted(name, "instructions not counted", exc.problem)
         return None, None
@@ -355,7 +367,7 @@ def _check_processes(name: str, ran: Mapping[str, list], loaded) -> None:
 
 @dataclass(frozen=True)
 class _Judge:
-    """Decides a scenario's rounds (one Rounds, or one per pair of processes) with the gate's verdicts."""
+    """Decides a scenario's rounds with the gate's verdicts."""
 
     scenario: Scenario
     device: str
@@ -365,8 +377,7 @@ class _Judge:
     looks: tuple[int, ...]
 
     def __call__(self, res, timer: str) -> Comparison:
-        first = res if not isinstance(res, list) else res[0]
-        theirs = first.scenarios.get("baseline")
+        theirs = res.scenarios.get("baseline")
         diffs = scenario_differences(theirs.with_metadata(device=self.device), self.scenario) \
             if theirs is not None else {}
         est = estimate_rounds(self.scenario.name, res, self.threshold, timer=timer, differences=diffs, looks=self.looks)
@@ -382,7 +393,9 @@ class _Judge:
 
 
 def _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks=(), cold=None,
-                  signatures=None, explain=None, instructions=None):
+                  signatures=None, explain=None, instructions=None, current_here=False):
+    """`current_here`: the current side's result is a plain measurement in this process, not its own samples in
+    the rounds (worker mode's processes each keep a bias of their own)."""
     a, dev = session.config.against, session.config.device
     scenario = scenario.with_metadata(device=dev)
     threads = set_threads(session.config.threads)
@@ -399,7 +412,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
             raise ScenarioError(scenario.name, exc.problem) from exc
         session.not_compared(scenario.name, f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}")
         res = None
-    if res is None or isinstance(res, list):  # the current side was not timed here: measure it plainly
+    if res is None or current_here:
         with session.limited(scenario):
             m = session.measure(scenario, live.fn, setup=live.setup, items=items, clock=clock, backend=backend)
     else:
@@ -435,7 +448,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
                 c = replace(c, moved=tuple(explained(*passes, step_ms=step)))
         except Exception as exc:  # noqa: BLE001 - the verdict stands; the explanation says why it is missing
             session.not_counted(scenario.name, "no profiler pass", f"{type(exc).__name__}: {exc}")
-    session.record_side_by_side(c, [r.to_dict() for r in (res if isinstance(res, list) else [res])], proof)
+    session.record_side_by_side(c, res.to_dict(), proof)
     return m, c
 
 
