@@ -45,7 +45,7 @@ class SessionConfig:
     quick: bool = False
     threads: int | None = None
     results_dir: Path | None = Path(".bench/results")
-    history: Path | None = None        # the history store this run is added to (SQLite), None: none
+    history: Path | str | None = None  # the history store this run is added to: SQLite's file, a PostgreSQL URL
     baselines_dir: Path = Path("baselines")
     save: str | None = None
     append: bool = False

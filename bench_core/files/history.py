@@ -1,52 +1,54 @@
 """The history store: every run's results, keyed by commit, branch, machine and scenario, in one SQLite file (the
-standard library's sqlite3). The schema is plain tables and columns, so a server database could hold it later.
+standard library's sqlite3, the default) or one PostgreSQL database (`--bench-history postgresql://...`, for runners
+on several machines; `history_db` connects and says how the two differ). Both hold the same plain tables.
 
 A run is a session (or one run of a baseline), named by its own `run_id`: a run imported twice, or recorded and
 then imported, is one run. Each scenario keeps its run-level summary (the median, and the mean and spread of the
 log of its samples, what change points are found on), its work signature where counted, and the file it came
-from. Writes are transactions: two runners writing one file each see their run whole or not at all (SQLite's own
-locking; a writer waits up to `BUSY_S` for the other). Schema version 1; the history is in docs/formats.md.
+from. A run is written in one transaction, its row inserted only where its `run_id` is not held yet: runners
+writing one store at once each see a run whole or not at all, and never twice (SQLite: the file's write lock,
+waited for up to `history_db.BUSY_S`; PostgreSQL: the primary key, which holds a second writer of the same run until
+the first commits). Schema version 1; the history is in docs/formats.md.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import sqlite3
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from bench_core.core.errors import BenchError
+from bench_core.files.history_db import HistoryError, connect, is_url, shown
 
 HISTORY_FORMAT, HISTORY_VERSION = "bench_core.history", 1
-BUSY_S = 30.0   # how long a writer waits for another runner's transaction on the same file
 
+# {text} and {real}: the column types, which differ between the databases (`history_db.Dialect`)
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key {text} PRIMARY KEY, value {text} NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,        -- the session's own id: what makes a run the same run wherever it is copied
-    created TEXT NOT NULL,          -- when it was measured (ISO 8601, UTC)
-    git_commit TEXT,                -- NULL: not observed
-    branch TEXT,
+    run_id {text} PRIMARY KEY,      -- the session's own id: what makes a run the same run wherever it is copied
+    created {text} NOT NULL,        -- when it was measured (ISO 8601, UTC)
+    git_commit {text},              -- NULL: not observed
+    branch {text},
     dirty INTEGER,                  -- 1: measured on a tree with uncommitted changes
-    machine TEXT NOT NULL,          -- a short key of the hardware (see `machine_key`)
-    machine_doc TEXT NOT NULL,      -- the fields the key was made from (JSON)
-    device TEXT,
-    torch TEXT,
-    python TEXT,
-    source TEXT                     -- the session or baseline file it came from
+    machine {text} NOT NULL,        -- a short key of the hardware (see `machine_key`)
+    machine_doc {text} NOT NULL,    -- the fields the key was made from (JSON)
+    device {text},
+    torch {text},
+    python {text},
+    source {text}                   -- the session or baseline file it came from
 );
 CREATE TABLE IF NOT EXISTS results (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    scenario TEXT NOT NULL,
-    timer TEXT NOT NULL,            -- what the samples are: host end-to-end, or CUDA events
+    run_id {text} NOT NULL REFERENCES runs(run_id),
+    scenario {text} NOT NULL,
+    timer {text} NOT NULL,          -- what the samples are: host end-to-end, or CUDA events
     n INTEGER NOT NULL,
-    median_ms REAL NOT NULL,
-    mean_log REAL NOT NULL,         -- mean of ln(ms) over the run's samples
-    sd_log REAL,                    -- their spread (NULL: one sample)
-    signature TEXT,                 -- the work signature (JSON), where counted
+    median_ms {real} NOT NULL,
+    mean_log {real} NOT NULL,       -- mean of ln(ms) over the run's samples
+    sd_log {real},                  -- their spread (NULL: one sample)
+    signature {text},               -- the work signature (JSON), where counted
     PRIMARY KEY (run_id, scenario)
 );
 CREATE INDEX IF NOT EXISTS results_by_scenario ON results (scenario);
@@ -55,10 +57,6 @@ CREATE INDEX IF NOT EXISTS results_by_scenario ON results (scenario);
 # what a machine is, for its history: the hardware, not the software running on it (a torch upgrade is a change
 # the history should show, not a new machine)
 MACHINE_FIELDS = ("hostname", "cpu_model", "cpu_count", "device", "gpu_name", "gpu_memory_bytes")
-
-
-class HistoryError(BenchError):
-    pass
 
 
 def machine_key(environment: Mapping[str, Any]) -> str:
@@ -83,54 +81,59 @@ class Point:
     signature: Mapping[str, Any] | None = None
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    con = sqlite3.connect(str(path), timeout=BUSY_S, isolation_level=None)
-    con.execute("PRAGMA foreign_keys = ON")
-    return con
-
-
 class History:
-    """One history file, opened for reading and appending (`with History(path) as h:`)."""
+    """One history store, opened for reading and appending (`with History(where) as h:`): a file's Path, or a
+    PostgreSQL URL (`history_db.target` tells which from what a user typed)."""
 
-    def __init__(self, path: Path, create: bool = True):
-        self.path = Path(path)
-        if not create and not self.path.exists():
-            raise HistoryError(f"{self.path}: no history file here (a session writes one under .bench/ unless "
-                               f"--bench-history none; or `bench-core history import FILES`)")
-        self.con = _connect(self.path)
+    def __init__(self, where: Path | str, create: bool = True):
+        self.where = where if is_url(where) else Path(where)
+        self.con, self.dialect = connect(self.where, create)
         try:
-            self._check_or_create()
-        except sqlite3.DatabaseError as exc:
-            self.con.close()
-            raise HistoryError(f"{self.path}: not a bench_core history file ({exc})") from None
+            self._check_or_create(create)
+        except self.dialect.errors as exc:
+            self.close()
+            raise HistoryError(f"{shown(self.where)}: {self.dialect.what} that bench_core cannot read or set up as "
+                               f"a history ({' '.join(str(exc).split())})") from None
+        except HistoryError:
+            self.close()
+            raise
 
-    def _check_or_create(self) -> None:
+    def _run(self, query: str, args: Sequence[Any] = ()):
+        return self.con.execute(self.dialect.sql(query), args)
+
+    def _check_or_create(self, create: bool) -> None:
+        where = shown(self.where)
         with self._transaction():
-            tables = {r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if self.dialect.lock:   # one creator at a time: another runner may be creating the tables right now
+                self._run(self.dialect.lock)
+            tables = {r[0] for r in self._run(self.dialect.tables)}
             if "meta" in tables:
-                meta = dict(self.con.execute("SELECT key, value FROM meta"))
+                meta = dict(self._run("SELECT key, value FROM meta"))
                 if meta.get("format") != HISTORY_FORMAT:
-                    raise HistoryError(f"{self.path}: format {meta.get('format')!r} is not {HISTORY_FORMAT!r}")
+                    raise HistoryError(f"{where}: format {meta.get('format')!r} is not {HISTORY_FORMAT!r}")
                 if int(meta.get("version", 0)) > HISTORY_VERSION:
-                    raise HistoryError(f"{self.path}: history version {meta['version']} is newer than this "
+                    raise HistoryError(f"{where}: history version {meta['version']} is newer than this "
                                        f"bench_core reads ({HISTORY_VERSION}); upgrade bench_core")
                 return
             if tables:
-                raise HistoryError(f"{self.path}: an SQLite file that is not a bench_core history (tables: "
-                                   f"{', '.join(sorted(tables))}); give another path")
-            for statement in _SCHEMA.split(";"):   # one by one: executescript would end this transaction
+                raise HistoryError(f"{where}: {self.dialect.what} that is not a bench_core history (tables: "
+                                   f"{', '.join(sorted(tables))}); {self.dialect.instead}")
+            if not create:
+                raise HistoryError(f"{where}: no history here yet (a session's run creates it unless --bench-history "
+                                   f"none; or `bench-core history import FILES`)")
+            ddl = _SCHEMA.format(text=self.dialect.text, real=self.dialect.real)
+            for statement in ddl.split(";"):   # one by one: sqlite3's executescript would end this transaction
                 if statement.strip():
-                    self.con.execute(statement)
-            self.con.executemany("INSERT INTO meta VALUES (?, ?)",
-                                 [("format", HISTORY_FORMAT), ("version", str(HISTORY_VERSION))])
+                    self._run(statement)
+            for row in (("format", HISTORY_FORMAT), ("version", str(HISTORY_VERSION))):
+                self._run("INSERT INTO meta VALUES (?, ?)", row)
 
     def _transaction(self):
-        con = self.con
+        con, begin = self.con, self.dialect.begin
 
         class _Tx:
             def __enter__(self):
-                con.execute("BEGIN IMMEDIATE")   # the write lock first: two runners never interleave a run
+                con.execute(begin)
 
             def __exit__(self, kind, exc, tb):
                 con.execute("ROLLBACK" if kind else "COMMIT")
@@ -166,17 +169,17 @@ class History:
             sd = (math.sqrt(sum((v - mean) ** 2 for v in logs) / (len(logs) - 1)) if len(logs) > 1 else None)
             rows.append((run_id, m.name, m.timer, len(xs), m.summary.median, mean, sd,
                          None if m.signature is None else json.dumps(m.signature.to_dict(), sort_keys=True)))
-        with self._transaction():
-            if self.con.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
-                return False
-            self.con.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        with self._transaction():   # the run's row first: a second writer of the same run finds it held, or waits
+            added = self._run(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
                 (run_id, run.get("created") or "", env.get("git_commit"), branch or env.get("git_branch"),
                  None if env.get("git_dirty") is None else int(bool(env.get("git_dirty"))), machine_key(env),
                  json.dumps({k: env.get(k) for k in MACHINE_FIELDS}, sort_keys=True), env.get("device"),
-                 env.get("torch"), env.get("python"), source))
-            self.con.executemany("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        return True
+                 env.get("torch"), env.get("python"), source)).rowcount
+            if added:
+                self.con.cursor().executemany(self.dialect.sql("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
+                                              rows)
+        return bool(added)
 
     def import_file(self, path: Path) -> tuple[int, int]:
         """A session file's run, or every run of a baseline file: (runs added, runs already held)."""
@@ -190,14 +193,14 @@ class History:
 
     def scenarios(self) -> list[tuple[str, int, str]]:
         """(scenario, runs, latest run's time), by name."""
-        return list(self.con.execute(
+        return list(self._run(
             "SELECT r.scenario, COUNT(*), MAX(u.created) FROM results r JOIN runs u USING (run_id) "
             "GROUP BY r.scenario ORDER BY r.scenario"))
 
     def machines(self) -> list[tuple[str, str, int]]:
         """(machine key, its fields as JSON, runs)."""
-        return list(self.con.execute("SELECT machine, machine_doc, COUNT(*) FROM runs GROUP BY machine "
-                                     "ORDER BY COUNT(*) DESC"))
+        return list(self._run("SELECT machine, machine_doc, COUNT(*) FROM runs GROUP BY machine, machine_doc "
+                              "ORDER BY COUNT(*) DESC, machine"))
 
     def series(self, scenario: str, machine: str | None = None, branch: str | None = None) -> list[Point]:
         """Every run of `scenario` (on `machine`, on `branch`, where given), oldest first."""
@@ -209,30 +212,31 @@ class History:
                 sql += f" AND {column} = ?"
                 args.append(value)
         out = []
-        for row in self.con.execute(sql + " ORDER BY u.created, u.run_id", args):
+        for row in self._run(sql + " ORDER BY u.created, u.run_id", args):
             *head, dirty, machine_, median, mean, sd, n, sig = row
             out.append(Point(*head, None if dirty is None else bool(dirty), machine_, median, mean, sd, n,
                              None if sig is None else json.loads(sig)))
         return out
 
     def source_of(self, run_id: str) -> str | None:
-        row = self.con.execute("SELECT source FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        row = self._run("SELECT source FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return row[0] if row else None
 
     def rows(self) -> Iterator[dict]:
         """Every result with its run's fields, for export."""
-        cur = self.con.execute(
+        cur = self._run(
             "SELECT u.created, u.git_commit, u.branch, u.dirty, u.machine, u.device, u.torch, u.python, "
             "r.scenario, r.timer, r.n, r.median_ms, r.mean_log, r.sd_log, u.run_id, u.source "
-            "FROM results r JOIN runs u USING (run_id) ORDER BY u.created, r.scenario")
+            "FROM results r JOIN runs u USING (run_id) ORDER BY u.created, r.scenario, u.run_id")
         names = [d[0] for d in cur.description]
         for row in cur:
             yield dict(zip(names, row))
 
 
-def record_session(path: Path, session_doc: Mapping[str, Any], source: str | None, branch: str | None) -> bool:
-    """A finished session's run appended to the history at `path` (created if new)."""
-    with closing(History(path)) as h:
+def record_session(where: Path | str, session_doc: Mapping[str, Any], source: str | None,
+                   branch: str | None) -> bool:
+    """A finished session's run appended to the history at `where` (created if new)."""
+    with closing(History(where)) as h:
         return h.add_run(session_doc, source=source, branch=branch)
 
 

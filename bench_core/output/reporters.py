@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench_core.core.modes import GATE, OWN, SIDE_BY_SIDE
-from bench_core.files import artifacts, atomic, storage
+from bench_core.files import artifacts, atomic, history_db, storage
 from bench_core.output.summary import plot_groups, shown
 
 Reporter = Callable[..., str]
@@ -33,9 +33,10 @@ def history_record(s, run, source: Path | None) -> str:
     file later adds nothing)."""
     from bench_core.files import git, history
 
-    branch = git.output(s.config.history.parent, "rev-parse", "--abbrev-ref", "HEAD")
-    added = history.record_session(s.config.history, run, None if source is None else str(source), branch)
-    return f"history: this run {'added to' if added else 'already in'} {s.config.history}"
+    where = s.config.history   # a file's own repository, else (a database's URL) the one the session runs in
+    branch = git.output(where.parent if isinstance(where, Path) else Path.cwd(), "rev-parse", "--abbrev-ref", "HEAD")
+    added = history.record_session(where, run, None if source is None else str(source), branch)
+    return f"history: this run {'added to' if added else 'already in'} {history_db.shown(where)}"
 
 
 def decision_record(name: str, res) -> Reporter:
@@ -101,8 +102,9 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
     if s.config.results_dir is not None:
         reporters += [lambda s: session_file(s, run, written), *(decision_record(name, res) for name, res in s.decisions)]
     if s.config.history is not None and s.results and not s.config.quick:
-        reporters.append((lambda s: f"history: this run NOT added to {s.config.history}: {incomplete}")
-                         if incomplete == INTERRUPTED else lambda s: history_record(s, run, written.get("session")))
+        not_added = f"history: this run NOT added to {history_db.shown(s.config.history)}: {incomplete}"
+        reporters.append((lambda s: not_added) if incomplete == INTERRUPTED
+                         else lambda s: history_record(s, run, written.get("session")))
     if s.config.pb_json is not None:
         reporters.append(pytest_benchmark_json)
     if s.config.markdown is not None:
@@ -118,7 +120,7 @@ def finish(s, incomplete: str | None = None) -> tuple[list[str], list[str]]:
         else:
             reporters.append(baseline_run)
     for folder in (s.config.results_dir, s.config.history):
-        if folder is not None:
+        if isinstance(folder, Path):   # not a database's URL
             atomic.ignored_by_git(folder if folder.suffix == "" else folder.parent)
     for report in reporters:
         try:

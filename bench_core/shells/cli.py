@@ -151,11 +151,12 @@ def cmd_history(ns) -> int:
     from tabulate import tabulate
 
     from bench_core.files.history import History, export
+    from bench_core.files.history_db import shown, target
     from bench_core.output.tables import history_table
     from bench_core.workflows.history import scenario_history
 
     try:
-        with History(Path(ns.bench_history), create=ns.action == "import") as h:
+        with History(target(ns.bench_history), create=ns.action == "import") as h:
             if ns.action == "import":
                 for f in ns.files:
                     added, held = h.import_file(Path(f))
@@ -170,7 +171,7 @@ def cmd_history(ns) -> int:
             else:
                 found = scenario_history(h, ns.scenario, machine=ns.machine, branch=ns.branch, alpha=ns.alpha)
                 if not found:
-                    print(f"bench_core history: no run of scenario {ns.scenario!r} in {ns.bench_history}"
+                    print(f"bench_core history: no run of scenario {ns.scenario!r} in {shown(ns.bench_history)}"
                           f"{' on that machine/branch' if ns.machine or ns.branch else ''}", file=sys.stderr)
                     return EXIT_BAD_INPUT
                 for mh in found:
@@ -185,13 +186,15 @@ def cmd_history(ns) -> int:
 
 def cmd_report(ns) -> int:
     from bench_core.files.history import History
+    from bench_core.files.history_db import target
     from bench_core.workflows.history import commit_url, report_page
 
     out = Path(ns.html) / "index.html"
+    where = target(ns.bench_history)
     try:
-        with History(Path(ns.bench_history), create=False) as h:
-            text = report_page(h, Path(ns.results), commit_url(Path(ns.bench_history).resolve().parent),
-                               storage.now_iso())
+        with History(where, create=False) as h:   # commits link to the repository the history sits in, or this one
+            repo = where.resolve().parent if isinstance(where, Path) else Path.cwd()
+            text = report_page(h, Path(ns.results), commit_url(repo), storage.now_iso())
         atomic.atomic_write(out, text.encode(), overwrite=ns.force)
     except (BenchError, ValueError) as exc:
         hint = " (--force replaces it)" if out.exists() and not ns.force else ""

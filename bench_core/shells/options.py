@@ -214,9 +214,10 @@ def _signature_options() -> tuple[Option, ...]:
 
 
 def _history_options() -> tuple[Option, ...]:
-    return (Option(HISTORY, "the history store every run is added to (SQLite; 'none': none); --bench-quick runs are "
-                            "not added (their sizes are not the scenario's); `bench-core history` reads it", str,
-                   ".bench/history.sqlite", metavar="PATH", cli="--history"),)
+    return (Option(HISTORY, "the history store every run is added to: an SQLite file, or a PostgreSQL database's "
+                            "postgresql:// URL for runners on several machines (the postgres extra); 'none': none; "
+                            "--bench-quick runs are not added (their sizes are not the scenario's); `bench-core "
+                            "history` reads it", str, ".bench/history.sqlite", metavar="PATH|URL", cli="--history"),)
 
 
 def _gpu_options() -> tuple[Option, ...]:
@@ -462,13 +463,14 @@ def serve_fds(value: Values) -> tuple[int, int] | None:
 def session_config(value: Values, root: Path, device: str, **extra):
     """The whole session's configuration from the command line; paths are relative to `root`. `extra`: fields
     the shell knows itself (pytest-benchmark's options, pytest-xdist)."""
+    from bench_core.files import history_db
     from bench_core.session import SessionConfig
 
     cfg = SessionConfig(
         device=device, warmup=value(WARMUP), repeats=value(REPEATS), quick=value(QUICK),
         threads=threads(value(THREADS), device),
         results_dir=None if value(NO_OUT) else root / value(OUT), baselines_dir=root / value(BASELINES),
-        history=None if value(NO_OUT) or value(HISTORY) in (None, "none") else root / value(HISTORY),
+        history=None if value(NO_OUT) or value(HISTORY) in (None, "none") else history_db.target(value(HISTORY), root),
         save=value(SAVE), append=value(APPEND), save_incomplete=value(SAVE_INCOMPLETE), compare=value(COMPARE),
         pb_json=extra.pop("pb_json", None) or (root / value(PB_JSON) if value(PB_JSON) else None),
         gate=gate_config(value), profile=profile_config(value, device),
@@ -493,8 +495,10 @@ def session_config(value: Values, root: Path, device: str, **extra):
                          (REFS, cfg.references_dir)):
         if folder is not None and folder.exists() and not folder.is_dir():   # found now, not after the measuring
             raise ValueError(f"{flag} {folder}: is a file; give a folder")
-    if cfg.history is not None and cfg.history.is_dir():
+    if isinstance(cfg.history, Path) and cfg.history.is_dir():
         raise ValueError(f"{HISTORY} {cfg.history}: is a folder; give a file (or 'none')")
+    if history_db.is_url(cfg.history) and not history_db.available():   # found now, not after the measuring
+        raise ValueError(f"{HISTORY} {history_db.shown(cfg.history)}: {history_db.NEEDS}")
     if cfg.plots is not None:   # found now, not after minutes of measuring
         from bench_core.output.plots import NEEDS, available
 

@@ -119,7 +119,7 @@ def open_revision(session, root: Path) -> None:
     from bench_core.workflows.side_by_side import compiled
 
     c = session.config   # its stored baselines and references are data, not code: they never make the tree dirty
-    own = [p if p.suffix == "" else p.parent for p in (c.results_dir, c.history) if p is not None]
+    own = [p if p.suffix == "" else p.parent for p in (c.results_dir, c.history) if isinstance(p, Path)]
     session.revision = loaded = LoadedRevision(root, c.against.rev, data=(c.baselines_dir, c.references_dir, *own))
     if c.against.rev is None:   # one tree in two interpreters: no second tree to give binaries to
         return
