@@ -38,11 +38,41 @@ def test_a_run_is_kept_once_whole_and_read_back_by_scenario_and_machine(tmp_path
         (p,) = h.series("step")
         assert p.commit == "a" * 40 and p.median_ms == pytest.approx(2.0, rel=0.02) and p.n == 10
         assert p.mean_log == pytest.approx(math.log(2.0), abs=0.02) and p.machine == machine_key(ENV)
-        other = {**ENV, "hostname": "b"}
+        other = {**ENV, "cpu_model": "another CPU"}
         h.add_run(_run([3.0], "b" * 40, "2026-12-03T11:00:00+00:00", env=other))
         assert [x.median_ms > 2.5 for x in h.series("step")] == [False, True]
         assert len(h.series("step", machine=machine_key(other))) == 1
         assert [r["scenario"] for r in h.rows()] == ["step", "step"]
+        # a runner of the same class under another hostname (hosted CI: one per job) joins the same series
+        h.add_run(_run([2.0], "c" * 40, "2026-12-03T12:00:00+00:00", env={**ENV, "hostname": "runner-7"}, seed=3))
+        assert machine_key({**ENV, "hostname": "runner-7"}) == machine_key(ENV)
+        assert len(h.series("step", machine=machine_key(ENV))) == 2
+        assert [(k, hosts, n) for k, _, hosts, n in h.machines()] == [(machine_key(ENV), 2, 2),
+                                                                      (machine_key(other), 1, 1)]
+
+
+def test_a_version_1_history_keyed_on_hostnames_is_keyed_again_by_machine_class_when_opened(tmp_path):
+    """Version 1 made a machine's key from its hostname too, so every hosted-CI job was a machine of its own; opened
+    by this version, its runs are keyed by their class from the fields each kept, and the file says version 2."""
+    import hashlib
+    import json
+
+    path = tmp_path / "h.sqlite"
+    with History(path) as h:
+        for i, host in enumerate(("runner-1", "runner-2")):
+            h.add_run(_run([2.0], f"{i}" * 40, f"2026-12-03T1{i}:00:00+00:00", env={**ENV, "hostname": host}, seed=i))
+    old = {k: ENV.get(k) for k in ("hostname", "cpu_model", "cpu_count", "device", "gpu_name", "gpu_memory_bytes")}
+    with sqlite3.connect(path) as con:   # as version 1 wrote it: the hostname inside the key
+        for run_id, doc in con.execute("SELECT run_id, machine_doc FROM runs").fetchall():
+            v1 = hashlib.sha256(json.dumps({**old, "hostname": json.loads(doc)["hostname"]}, sort_keys=True)
+                                .encode()).hexdigest()[:12]
+            con.execute("UPDATE runs SET machine = ? WHERE run_id = ?", (v1, run_id))
+        con.execute("UPDATE meta SET value = '1' WHERE key = 'version'")
+        assert len({m for (m,) in con.execute("SELECT machine FROM runs")}) == 2
+    with History(path, create=False) as h:
+        assert len(h.series("step", machine=machine_key(ENV))) == 2
+    with sqlite3.connect(path) as con:
+        assert dict(con.execute("SELECT key, value FROM meta"))["version"] == "2"
 
 
 def test_a_baseline_file_adds_every_run_and_a_foreign_or_newer_file_is_refused(tmp_path):

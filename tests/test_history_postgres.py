@@ -56,7 +56,7 @@ def _mixed_runs() -> list[dict]:
     """Runs that exercise every column: two machines, a dirty, a clean and an unknown tree, no commit, a branch
     of the environment's, a two-sample result, a work signature, names whose order differs between bytes and a
     language's collation, and two runs at the same time."""
-    other = {**ENV, "hostname": "b", "git_branch": "feature"}
+    other = {**ENV, "hostname": "b", "cpu_model": "another CPU", "git_branch": "feature"}
     sig = Signature(operators={"aten::mm": 2, "aten::add": 1}, syncs={"aten::item": 1}, allocations=3)
     out = []
     for i in range(8):
@@ -80,7 +80,7 @@ def _everything(h: History) -> dict:
     got = {"scenarios": h.scenarios(), "machines": h.machines(), "rows": list(h.rows())}
     for s in scenarios:
         got[s] = h.series(s)
-        for key, _, _ in h.machines():
+        for key, *_ in h.machines():
             got[f"{s} on {key}"] = h.series(s, machine=key)
         got[f"{s} on feature"] = h.series(s, branch="feature")
         got[f"{s} on main"] = h.series(s, branch="main")
@@ -108,7 +108,7 @@ def test_the_same_runs_read_back_the_same_from_sqlite_and_postgresql(tmp_path, p
         assert a == b
     # what equality would not catch if both were wrong alike
     assert [s for s, _, _ in b["scenarios"]] == ["B_step", "a-step", "a_step", "ab", "step"]   # bytes, as SQLite
-    assert [m for m, _, _ in b["machines"]] == [machine_key(ENV), machine_key({**ENV, "hostname": "b"})]
+    assert [m for m, *_ in b["machines"]] == [machine_key(ENV), machine_key({**ENV, "cpu_model": "another CPU"})]
     p5 = next(p for p in b["B_step"] if p.signature is not None)
     assert p5.signature["operators"] == {"aten::add": 1, "aten::mm": 2} and p5.commit == f"{5:040d}"
     assert [p.dirty for p in b["B_step"][:3]] == [False, True, None]

@@ -8,7 +8,7 @@ log of its samples, what change points are found on), its work signature where c
 from. A run is written in one transaction, its row inserted only where its `run_id` is not held yet: runners
 writing one store at once each see a run whole or not at all, and never twice (SQLite: the file's write lock,
 waited for up to `history_db.BUSY_S`; PostgreSQL: the primary key, which holds a second writer of the same run until
-the first commits). Schema version 1; the history is in docs/formats.md.
+the first commits). Schema version 2; the history is in docs/formats.md.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from bench_core.files.history_db import HistoryError, connect, is_url, shown
 
-HISTORY_FORMAT, HISTORY_VERSION = "bench_core.history", 1
+HISTORY_FORMAT, HISTORY_VERSION = "bench_core.history", 2
 
 # {text} and {real}: the column types, which differ between the databases (`history_db.Dialect`)
 _SCHEMA = """
@@ -33,8 +33,8 @@ CREATE TABLE IF NOT EXISTS runs (
     git_commit {text},              -- NULL: not observed
     branch {text},
     dirty INTEGER,                  -- 1: measured on a tree with uncommitted changes
-    machine {text} NOT NULL,        -- a short key of the hardware (see `machine_key`)
-    machine_doc {text} NOT NULL,    -- the fields the key was made from (JSON)
+    machine {text} NOT NULL,        -- a short key of the hardware's class (see `machine_key`)
+    machine_doc {text} NOT NULL,    -- the fields the key was made from, and the hostname (JSON)
     device {text},
     torch {text},
     python {text},
@@ -56,7 +56,10 @@ CREATE INDEX IF NOT EXISTS results_by_scenario ON results (scenario);
 
 # what a machine is, for its history: the hardware, not the software running on it (a torch upgrade is a change
 # the history should show, not a new machine)
-MACHINE_FIELDS = ("hostname", "cpu_model", "cpu_count", "device", "gpu_name", "gpu_memory_bytes")
+# a machine's class, not its name: the runners of one instance type (hosted CI gives each job a new hostname) share
+# one series and its change points; the hostname is kept beside it (`machine_doc`), to be read, not to key on
+MACHINE_FIELDS = ("cpu_model", "cpu_count", "device", "gpu_name", "gpu_memory_bytes")
+KEPT_FIELDS = ("hostname", *MACHINE_FIELDS)
 
 
 def machine_key(environment: Mapping[str, Any]) -> str:
@@ -114,6 +117,8 @@ class History:
                 if int(meta.get("version", 0)) > HISTORY_VERSION:
                     raise HistoryError(f"{where}: history version {meta['version']} is newer than this "
                                        f"bench_core reads ({HISTORY_VERSION}); upgrade bench_core")
+                if int(meta.get("version", 0)) < HISTORY_VERSION:
+                    self._upgrade(int(meta.get("version", 0)))
                 return
             if tables:
                 raise HistoryError(f"{where}: {self.dialect.what} that is not a bench_core history (tables: "
@@ -127,6 +132,14 @@ class History:
                     self._run(statement)
             for row in (("format", HISTORY_FORMAT), ("version", str(HISTORY_VERSION))):
                 self._run("INSERT INTO meta VALUES (?, ?)", row)
+
+    def _upgrade(self, version: int) -> None:
+        """Version 1 keyed a machine on its hostname too: its runs are keyed again by their class, from the fields
+        each kept (`machine_doc`), in the transaction that opened the history."""
+        if version == 1:
+            for run_id, doc in list(self._run("SELECT run_id, machine_doc FROM runs")):
+                self._run("UPDATE runs SET machine = ? WHERE run_id = ?", (machine_key(json.loads(doc)), run_id))
+        self._run("UPDATE meta SET value = ? WHERE key = 'version'", (str(HISTORY_VERSION),))
 
     def _transaction(self):
         con, begin = self.con, self.dialect.begin
@@ -174,7 +187,7 @@ class History:
                 "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
                 (run_id, run.get("created") or "", env.get("git_commit"), branch or env.get("git_branch"),
                  None if env.get("git_dirty") is None else int(bool(env.get("git_dirty"))), machine_key(env),
-                 json.dumps({k: env.get(k) for k in MACHINE_FIELDS}, sort_keys=True), env.get("device"),
+                 json.dumps({k: env.get(k) for k in KEPT_FIELDS}, sort_keys=True), env.get("device"),
                  env.get("torch"), env.get("python"), source)).rowcount
             if added:
                 self.con.cursor().executemany(self.dialect.sql("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
@@ -197,10 +210,17 @@ class History:
             "SELECT r.scenario, COUNT(*), MAX(u.created) FROM results r JOIN runs u USING (run_id) "
             "GROUP BY r.scenario ORDER BY r.scenario"))
 
-    def machines(self) -> list[tuple[str, str, int]]:
-        """(machine key, its fields as JSON, runs)."""
-        return list(self._run("SELECT machine, machine_doc, COUNT(*) FROM runs GROUP BY machine, machine_doc "
-                              "ORDER BY COUNT(*) DESC, machine"))
+    def machines(self) -> list[tuple[str, str, int, int]]:
+        """(machine key, its class's fields as JSON, hosts, runs), the most runs first."""
+        seen: dict[str, list] = {}
+        for key, doc, n in self._run("SELECT machine, machine_doc, COUNT(*) FROM runs GROUP BY machine, machine_doc"):
+            fields = json.loads(doc)
+            row = seen.setdefault(key, [json.dumps({k: fields.get(k) for k in MACHINE_FIELDS}, sort_keys=True),
+                                        set(), 0])
+            row[1].add(fields.get("hostname"))
+            row[2] += n
+        return sorted(((key, doc, len(hosts), n) for key, (doc, hosts, n) in seen.items()),
+                      key=lambda r: (-r[3], r[0]))
 
     def series(self, scenario: str, machine: str | None = None, branch: str | None = None) -> list[Point]:
         """Every run of `scenario` (on `machine`, on `branch`, where given), oldest first."""

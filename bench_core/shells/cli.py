@@ -164,8 +164,7 @@ def cmd_history(ns) -> int:
             elif ns.action == "list":
                 print(tabulate(h.scenarios(), headers=["scenario", "runs", "latest"], disable_numparse=True))
                 print()
-                print(tabulate([(k, doc, n) for k, doc, n in h.machines()], headers=["machine", "what", "runs"],
-                               disable_numparse=True))
+                print(tabulate(h.machines(), headers=["machine", "what", "hosts", "runs"], disable_numparse=True))
             elif ns.action == "export":
                 sys.stdout.write(export(list(h.rows()), ns.format))
             else:
