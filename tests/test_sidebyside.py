@@ -423,6 +423,25 @@ def test_served_rounds_taken_in_turn_by_several_pairs_keep_each_pairs_bias_in_th
     assert decide(replace(res, units=())).verdict == SLOWER
 
 
+def test_a_later_look_of_served_rounds_takes_new_pairs_so_it_adds_units_not_only_rounds():
+    from bench_core.timing.protocol import run_served
+
+    def pair(ms):
+        return {"baseline": _FakeServer("baseline", 5.0), "candidate": _FakeServer("candidate", ms)}
+    first, later = [pair(5.5), pair(5.6)], []
+
+    def more():
+        later.append([pair(5.4), pair(5.7)])
+        return later[-1]
+    looks = []
+    res = run_served(first, Sampler("s", CpuBackend(), FakeClock()), rounds=4, pairs=2, warmup=0, extend_to=(8, 12),
+                     go_on=lambda r: looks.append(len(set(r.units))) or len(r.baseline) < 8, more=more)
+    assert looks == [2, 4] and len(later) == 1            # asked once per later look it ran, not for the one it did not
+    assert res.units == (0, 1, 0, 1, 2, 3, 2, 3)
+    assert [p["baseline"].builds for p in first + later[0]] == [2, 2, 2, 2]   # each pair its own look's rounds only
+    assert estimate_rounds("s", res, 0.02, timer="host").df == 3
+
+
 def test_rounds_joined_from_pairs_of_processes_refuse_a_unit_count_that_is_not_one_per_round():
     from bench_core.timing.protocol import Rounds, joined
 

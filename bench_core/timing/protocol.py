@@ -459,19 +459,36 @@ class _Runner:
 
 
 def run_served(servers: Sequence[Mapping[str, Any]], sampler: Sampler, *, threads: int | None = None,
-               ticks: Callable[[], Mapping[int, tuple[int, int]] | None] = cpu_ticks, **rounds_kw) -> Rounds:
+               ticks: Callable[[], Mapping[int, tuple[int, int]] | None] = cpu_ticks,
+               more: Callable[[], Sequence[Mapping[str, Any]]] | None = None, **rounds_kw) -> Rounds:
     """Rounds whose instances live in other processes (`servers`: pairs of them, `pair[side]` a `worker.Worker`
-    serving its test; round r is served by pair r mod their number): each round both servers of its pair make a
-    fresh instance (`start_round(cpus)`), held together to the same `threads` CPUs, drawn afresh each round from
-    those the last round left free (`sampling.shared_cpus`, with `ticks()` read at each round's start:
-    `sampling.cpu_ticks`), samples are asked for (`sample()`), and the instance goes when the round ends
-    (`end_round()`). With more than one pair, each pair is a unit of evidence (`Rounds.units`): a process whose
-    rounds fork from it still hands them its allocator's state. `rounds_kw` are `run_rounds`'s."""
+    serving its test): each round both servers of its pair make a fresh instance (`start_round(cpus)`), held
+    together to the same `threads` CPUs, drawn afresh each round from those the last round left free
+    (`sampling.shared_cpus`, with `ticks()` read at each round's start: `sampling.cpu_ticks`), samples are asked
+    for (`sample()`), and the instance goes when the round ends (`end_round()`). `rounds_kw` are `run_rounds`'s.
+
+    With one pair, each round is a unit of evidence. With several, the pairs take the rounds in turn and each pair
+    is a unit (`Rounds.units`): a process whose rounds fork from it still hands them its allocator's state. Then
+    `more()`, where given, opens as many new pairs again for each later look, which take that look's rounds: a
+    later look adds units, not only rounds to the same units."""
     if not servers:
         raise ValueError("run_served needs at least one pair of servers")
+    pairs, k = list(servers), len(servers)
+    starts = (0, rounds_kw.get("rounds", 0), *rounds_kw.get("extend_to", ()))
     started: set[tuple[int, str]] = set()
     places = random.Random(rounds_kw.get("seed", 0) + 0x5EED)   # its own stream: the call order stays the seed's
     last: dict[str, Any] = {"ticks": None, "cpus": None}
+
+    def unit(r: int) -> int:
+        if more is None or k == 1:
+            return r % k
+        look = max(b for b, first in enumerate(starts) if first <= r)
+        return look * k + (r - starts[look]) % k
+
+    def pair_of(r: int) -> Mapping[str, Any]:
+        while unit(r) >= len(pairs):
+            pairs.extend(more())
+        return pairs[unit(r)]
 
     def draw() -> tuple[int, ...] | None:
         now = ticks()
@@ -483,7 +500,7 @@ def run_served(servers: Sequence[Mapping[str, Any]], sampler: Sampler, *, thread
         def build(r: int) -> Instance:
             # both servers asked at once: their children fork and set up side by side, untimed, and the first
             # instance built waits for the other before any call is timed (run_rounds builds both first)
-            pair = servers[r % len(servers)]
+            pair = pair_of(r)
             if (r, side) not in started:
                 cpus = draw()
                 for s in SIDES:
@@ -494,40 +511,53 @@ def run_served(servers: Sequence[Mapping[str, Any]], sampler: Sampler, *, thread
         return build
 
     def after_round(r: int) -> None:
-        pair = servers[r % len(servers)]
+        pair = pair_of(r)
         for side in SIDES:
             on_side(side, pair[side].start_end)
         for side in SIDES:
             on_side(side, pair[side].ended)
     return run_rounds({s: builder(s) for s in SIDES}, sampler, after_round=after_round, timed_here=False,
-                      unit_of=(lambda r: r % len(servers)) if len(servers) > 1 else None, **rounds_kw)
+                      unit_of=unit if k > 1 else None, **rounds_kw)
+
+
+def open_pairs(spawn: Mapping[str, Callable[[int], Any]], ks: Sequence[int], opened: dict[int, dict[str, Any]], *,
+               seed: int = 0) -> list[dict[str, Any]]:
+    """The pairs of servers numbered `ks`, ready to serve (also kept in `opened`, for `close_pairs`):
+    `spawn[side](k)` gives side's server of pair k (each pair's two started in a seeded random order, every pair
+    started before any is waited for, each loading its code meanwhile)."""
+    for k in ks:
+        opened[k] = {}
+        for side in random.Random(seed + k).sample(SIDES, 2):
+            opened[k][side] = on_side(side, lambda: spawn[side](k))
+    for k in ks:
+        for step in ("start_item", "reach", "wait_ready"):   # each step of both before the next (`Worker.assign`)
+            for side, w in opened[k].items():
+                on_side(side, getattr(w, step))
+    return [opened[k] for k in ks]
+
+
+def close_pairs(opened: Mapping[int, Mapping[str, Any]], ok: bool,
+                release: Callable[[str, int, Any, bool], None] | None = None) -> None:
+    """Each server of the pairs opened to `release(side, k, server, ok)` (default: ended)."""
+    release = release or (lambda side, j, w, ok: w.close())
+    for k, servers in opened.items():
+        for side, w in servers.items():
+            release(side, k, w, ok)
 
 
 def with_servers(spawn: Mapping[str, Callable[[int], Any]], ks: Sequence[int],
                  work: Callable[[list[Mapping[str, Any]]], Any], *, seed: int = 0,
                  release: Callable[[str, int, Any, bool], None] | None = None) -> Any:
-    """`work(pairs)` with the pairs of servers numbered `ks`: `spawn[side](k)` gives side's server of pair k
-    (each pair's two started in a seeded random order, every pair started before any is waited for, each loading
-    its code meanwhile). Afterwards each server goes to `release(side, k, server, ok)` (default: ended)."""
-    release = release or (lambda side, j, w, ok: w.close())
-    pairs: dict[int, dict[str, Any]] = {}
+    """`work(pairs)` with the pairs of servers numbered `ks` (`open_pairs`); afterwards each server goes to
+    `release(side, k, server, ok)` (default: ended)."""
+    opened: dict[int, dict[str, Any]] = {}
     ok = False
     try:
-        for k in ks:
-            pairs[k] = {}
-            for side in random.Random(seed + k).sample(SIDES, 2):
-                pairs[k][side] = on_side(side, lambda: spawn[side](k))
-        for servers in pairs.values():
-            for step in ("start_item", "reach", "wait_ready"):   # each step of both before the next (`Worker.assign`)
-                for side, w in servers.items():
-                    on_side(side, getattr(w, step))
-        out = work(list(pairs.values()))
+        out = work(open_pairs(spawn, ks, opened, seed=seed))
         ok = True
         return out
     finally:
-        for k, servers in pairs.items():
-            for side, w in servers.items():
-                release(side, k, w, ok)
+        close_pairs(opened, ok, release)
 
 
 def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *, processes: int, rounds: int,

@@ -21,8 +21,8 @@ from bench_core.deciding.sequential import planned_looks, possible_change
 from bench_core.deciding.verdicts import FASTER, SLOWER
 from bench_core.timing.backends import CpuBackend, backend_for
 from bench_core.timing.counts import QUICK
-from bench_core.timing.protocol import (PAIRS_MAX, ROUND_PAIRS_MS, ROUND_WARM_MS, SideError, on_side, run_processes,
-                                        run_rounds, run_served, with_servers)
+from bench_core.timing.protocol import (PAIRS_MAX, ROUND_PAIRS_MS, ROUND_WARM_MS, SideError, close_pairs, on_side,
+                                        open_pairs, run_processes, run_rounds, run_served, with_servers)
 from bench_core.timing.sampling import Sampler, set_threads
 from bench_core.workflows.side_by_side.fidelity import kept_note
 
@@ -234,24 +234,20 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
 
         profiled: list = []   # a slower or faster verdict's profiler passes, in each side's own process
 
-        def rounds_then_profile(servers, judge):
-            res = run_served(servers, sampler, rounds=looks[0], pairs=pairs, warmup=a.warmup, warm_ms=a.warm_ms,
-                             seed=a.seed, extend_to=looks[1:], go_on=judge.go_on, pairs_ms=a.pairs_ms,
-                             threads=session.config.threads)
-            if not quick and judge(res, "host").verdict in (SLOWER, FASTER):
-                profiled.extend(_profile_served(session, scenario.name, servers[0]))
-            return res
-
         def run(judge):
-            res = with_servers(spawn, range(served), lambda servers: rounds_then_profile(servers, judge),
-                               seed=a.seed, release=release)
+            res = _forked_rounds(session, scenario.name, spawn, served, release, profiled,
+                                 lambda servers, more: run_served(servers, sampler, rounds=looks[0], pairs=pairs,
+                                                                  warmup=a.warmup, warm_ms=a.warm_ms, seed=a.seed,
+                                                                  extend_to=looks[1:], go_on=judge.go_on,
+                                                                  pairs_ms=a.pairs_ms, more=more,
+                                                                  threads=session.config.threads), judge)
             _check_processes(scenario.name, ran, session.revision)
             return res
         how = (f"{looks[0]} rounds" if len(looks) == 1 else
                f"{looks[0]} rounds, {looks[-1]} at most for a possible change")
         where = ("each side a pytest process of its own" if served == 1 else
-                 f"each side {served} pytest processes taking the rounds in turn (a pair of processes is the unit: "
-                 f"its children inherit its allocator's state)")
+                 f"each side {served} pytest processes taking the rounds in turn, {served} more for each later look "
+                 f"(a pair of processes is the unit: its children inherit its allocator's state)")
         return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, {where}, every round "
                                                            f"in freshly forked children"
                                                            f"{_held_said(session.config.threads)}{malloc}",
@@ -271,6 +267,33 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                                                              f"{pairs} pairs (processes that cannot fork: a "
                                                              f"process is the unit){malloc}", items, proof, None, None,
                          current_here=True)
+
+
+def _forked_rounds(session, name: str, spawn, served: int, release, profiled: list, rounds, judge):
+    """`rounds(servers, more)` (`run_served`) on `served` pairs from the pool, which take the first look's rounds;
+    a later look's, where the chase goes on, go to new pairs of their own (`more`: more units, not only more
+    rounds of the same), each look's ended before the next look's start and after the scenario. A slower or faster
+    verdict's profiler passes go to `profiled`."""
+    kept: dict[int, dict] = {}
+    extra: dict[int, dict] = {}
+    ok, opened = False, [served]
+    seed = session.config.against.seed
+
+    def more():
+        close_pairs(extra, False, release)
+        extra.clear()
+        opened[0] += served
+        return open_pairs(spawn, range(opened[0] - served, opened[0]), extra, seed=seed)
+    try:
+        servers = open_pairs(spawn, range(served), kept, seed=seed)
+        res = rounds(servers, more)
+        if not session.config.quick and judge(res, "host").verdict in (SLOWER, FASTER):
+            profiled.extend(_profile_served(session, name, servers[0]))
+        ok = True
+        return res
+    finally:
+        close_pairs(kept, ok, release)
+        close_pairs(extra, False, release)
 
 
 def _profile_served(session, name: str, servers) -> list:
