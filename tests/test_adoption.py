@@ -180,8 +180,8 @@ def test_a_changed_conftest_fixture_moves_its_tests_to_processes_and_says_why_on
     _committed(pb, test_suite=OPS.replace("[8, 16]", "[8]"))
     (pb.path / "conftest.py").write_text((pb.path / "conftest.py").read_text().replace('return "float32"',
                                                                                        'return "float32"  # v2'))
-    res = pb.runpytest_subprocess("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2",
-                                  "--bench-malloc", "pinned")   # one pair of servers a side: cheaper, same point
+    res = pb.runpytest("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2",
+                     "--bench-malloc", "pinned")   # one pair of servers a side: cheaper, same point
     out = " ".join(res.stdout.str().split())
     said = "2 scenarios (test_op[cpu-8-add], test_op[cpu-8-mul]): each side in a process of its own: in one process " \
         "HEAD's side would run the current tree's code for the fixture"
@@ -223,11 +223,14 @@ def test_a_test_bench_core_did_not_measure_is_counted_and_fails_under_strict(pb)
 
 def test_left_to_pytest_benchmark_a_gate_that_compared_nothing_fails(pb):
     _committed(pb, test_suite=PLAIN)
-    res = pb.runpytest("--bench-against", "HEAD", "--bench-pb-fixture", "leave")
+    # pytest-benchmark's own timing of a step on the fake clock runs to its time limit (1 s a test by default): 10 ms
+    # here, its own option, which it applies to what is left to it
+    fast = "--benchmark-max-time=0.01"
+    res = pb.runpytest("--bench-against", "HEAD", "--bench-pb-fixture", "leave", fast)
     assert res.ret == 1, res.stdout.str()
     out = " ".join(res.stdout.str().split())
     assert "2 not measured by bench_core" in out and "nothing was compared: the session fails" in out
-    saved = pb.runpytest("--bench-save", "base", "--bench-pb-fixture", "leave")
+    saved = pb.runpytest("--bench-save", "base", "--bench-pb-fixture", "leave", fast)
     assert saved.ret == 1 and not (pb.path / "baselines" / "base.json").exists()
     saved.stdout.fnmatch_lines(["*baseline 'base' NOT saved: no scenario was measured by bench_core (2 test(s) timed "
                                 "outside bench_core)*"])
@@ -299,7 +302,7 @@ def test_native(bench):
     bench.run(Scenario("native", ("forward",)), work_on_shared_clock(1.0), clock=SHARED_CLOCK)
 '''
     pb.makepyfile(test_suite=PLAIN, test_native=native)
-    res = pb.runpytest_subprocess("-n", "2", "-p", "xdist")
+    res = pb.runpytest("-n", "2", "-p", "xdist")
     res.assert_outcomes(passed=2, failed=1)
     out = " ".join(res.stdout.str().split())
     assert "scenario 'native': not measured: under pytest-xdist (worker gw" in out
@@ -412,8 +415,8 @@ class TestB:
 def test_two_classes_with_one_method_name_are_each_served_their_own(pb):
     _committed(pb, test_two=TWO_CLASSES)
     pb.makepyfile(test_two=TWO_CLASSES.replace("MS = 1.0", "MS = 1.5"))
-    res = pb.runpytest_subprocess("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2",
-                                  "--bench-malloc", "pinned")   # one pair of servers a side: cheaper, same point
+    res = pb.runpytest("--bench-against", "HEAD", "--bench-rounds", "4", "--bench-pairs", "2",
+                     "--bench-malloc", "pinned")   # one pair of servers a side: cheaper, same point
     verdicts = _verdicts(res)
     assert res.ret == 1 and sorted(verdicts.values()) == ["slower", "unchanged"], res.stdout.str()
     # a method needs its class's instance: each side's own pytest makes it, and the terminal says so

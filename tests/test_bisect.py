@@ -85,8 +85,9 @@ def test_step(bench):
 
 
 def test_bisect_finds_the_commit_that_made_a_scenario_25_percent_slower_in_worktrees(tmp_path, capsys):
-    """5 commits after GOOD, commit 4 makes the step 25% slower: bisect names it from real pytest runs, each in a
-    temporary worktree; the user's tree (and its untracked data) is left as it was."""
+    """3 commits after GOOD, commit 2 makes the step 25% slower: bisect names it from real pytest runs, each in a
+    temporary worktree (BAD first, then commit 1, good, then commit 2, bad: a middle step of each verdict); the
+    user's tree (and its untracked data) is left as it was."""
     from bench_core.shells.cli import main
 
     def git(*args):
@@ -97,8 +98,8 @@ def test_bisect_finds_the_commit_that_made_a_scenario_25_percent_slower_in_workt
     (tmp_path / ".gitignore").write_text("data.bin\n.bench/\n")
     git("init", "-q")
     shas = []
-    for i in range(6):
-        (tmp_path / "test_work.py").write_text(WORK.format(level=1.25 if i >= 4 else 1.0) + f"# commit {i}\n")
+    for i in range(4):
+        (tmp_path / "test_work.py").write_text(WORK.format(level=1.25 if i >= 2 else 1.0) + f"# commit {i}\n")
         git("add", "-A")
         git("commit", "-qm", f"commit {i}")
         shas.append(git("rev-parse", "HEAD"))
@@ -106,10 +107,10 @@ def test_bisect_finds_the_commit_that_made_a_scenario_25_percent_slower_in_workt
                  "--bench-pairs", "2", "--bench-threads", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert f"first bad commit: {shas[4]}" in out and f"last good: {shas[3]}" in out
+    assert f"first bad commit: {shas[2]}" in out and f"last good: {shas[1]}" in out
     (record,) = (tmp_path / ".bench").glob("bisect-*.json")
     doc = json.loads(record.read_text())
-    assert doc["outcome"] == "found" and len(doc["steps"]) <= planned_decisions(5)
+    assert doc["outcome"] == "found" and len(doc["steps"]) <= planned_decisions(3)
     assert all(s["ratio"] is not None for s in doc["steps"])
     assert git("status", "--porcelain") == "" and (tmp_path / "data.bin").read_text() == "untracked data"
     assert git("worktree", "list").count("\n") == 0     # every temporary worktree removed

@@ -230,7 +230,7 @@ def test_the_table_counts_verdicts_in_time_and_cycles_and_says_what_was_not_obse
 # -- end to end on the CPU -----------------------------------------------------------------------------------------
 def test_the_smallest_plan_runs_end_to_end_on_the_cpu_and_writes_the_table_and_the_raw_json(tmp_path, capsys):
     rc = gd.main(["--device", "cpu", "--workloads", "matmul", "--gates", "against", "--changes", "same,plus5",
-                  "--trials", "1", "--quick", "--pytest-args=--bench-pairs 1", "--budget-s", "300",
+                  "--trials", "1", "--quick", "--pytest-args=--bench-pairs 1 --bench-threads 1", "--budget-s", "300",
                   "--out", str(tmp_path)])
     printed = capsys.readouterr().out
     assert printed.startswith("plan for cpu") and rc == 0, printed

@@ -125,7 +125,9 @@ def test_fine(bench):
     ])
 
 
-def test_save_then_compare_fails_only_the_regressed_scenario(bt):
+def test_save_then_compare_fails_only_the_regressed_scenario(bt, capsys):
+    from bench_core.shells.cli import main
+
     bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
     bt.runpytest("--bench-save", "main", "--bench-repeats", "10").assert_outcomes(passed=2)
     for _ in range(2):
@@ -142,10 +144,26 @@ def test_save_then_compare_fails_only_the_regressed_scenario(bt):
     assert "slower against baseline" in xml and 'name="bench_verdict" value="slower"' in xml
     res.stdout.fnmatch_lines(["*Captured bench_core call*", "alpha*50.000*4.000*", "every row: device: cpu, threads: *, timer: host*"])  # the test's own section
     # "slower" came from this process and two fresh worker processes that ran the test again
-    doc = json.loads(max((bt.path / ".bench" / "results").glob("session-*.json")).read_text())
+    path = max((bt.path / ".bench" / "results").glob("session-*.json"))
+    doc = json.loads(path.read_text())
     alpha = next(c for c in doc["comparisons"] if c["name"] == "alpha")
     assert alpha["candidate_runs"] == 3 and "this process and 2 fresh process(es)" in alpha["method"]
     assert [r["summary"]["median"] for r in doc["replicas"]["alpha"]] == [4.0, 4.0]
+
+    # #28: the session said slower from this process and two fresh ones; the CLI on the same file ignored the
+    # replicas and exited 0. It now reads every process the file holds and says the same, scenario by scenario
+    # (the same session file as above: its fresh processes are what the CLI must read)
+    session = {c["name"]: c["verdict"] for c in doc["comparisons"]}
+    capsys.readouterr()
+    assert main(["compare", str(bt.path / "baselines" / "main.json"), str(path), "--json"]) == 1
+    cli_doc = json.loads(capsys.readouterr().out)
+    cli = {c["name"]: c["verdict"] for c in cli_doc}
+    assert cli == session and session["alpha"] == "slower"
+    # the same adjusted p-values too: the CLI adjusts as the session did (each scenario decided as its test ends),
+    # not with Holm over all of them, which differs at the margin
+    session_p = {c["name"]: c["p_adjusted"] for c in doc["comparisons"]}
+    assert {c["name"]: c["p_adjusted"] for c in cli_doc} == session_p
+
     # a dedicated runner may let one process decide: no worker is started
     res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "10", "--bench-min-runs", "1",
                        "--bench-max-runs", "1", "--bench-no-out")
@@ -438,7 +456,7 @@ def test_code_that_cannot_load_twice_is_compared_with_each_side_in_its_own_proce
     pytester.makeconftest(CONFTEST)
     committed(pytester, test_isolated=ISOLATED.format(ms=2))
     pytester.makepyfile(test_isolated=ISOLATED.format(ms=6))      # three times slower
-    res = pytester.runpytest_subprocess("--bench-against", "HEAD", "--bench-quick", "--bench-threads", "1")
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-threads", "1")
     res.assert_outcomes(failed=1, passed=1)
     res.stdout.fnmatch_lines(["*scenario 'isolated': slower against revision 'HEAD'*"])
     out = " ".join(res.stdout.str().split())     # notes wrap at 120 columns
@@ -649,43 +667,20 @@ def test_fixtured(bench, cost, kind):
 
 def test_replication_reruns_the_pytest_item_itself_so_fixtures_and_any_parameter_reach_slower(bt):
     """The gate's fresh processes run the test item again through pytest (its fixtures, its parameters, a model
-    that prints): a 10x slowdown of a fixture-built scenario is called slower from three processes."""
+    that prints): a 10x slowdown of a fixture-built scenario is called slower from two processes (one fresh: the
+    default's two are tested in test_save_then_compare_fails_only_the_regressed_scenario)."""
     bt.makepyfile(test_f=FIXTURED.format(level=2.0))
     for i in range(3):
         bt.runpytest("--bench-save", "main", *(["--bench-append"] if i else []), "--bench-repeats", "6",
                      "--bench-no-out").assert_outcomes(passed=1)
     bt.makepyfile(test_f=FIXTURED.format(level=20.0))
-    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "6")
+    res = bt.runpytest("--bench-compare", "main", "--bench-repeats", "6", "--bench-min-runs", "2")
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*scenario 'fixtured': slower against baseline 'main'*"])
     doc = json.loads(max((bt.path / ".bench" / "results").glob("session-*.json")).read_text())
     (c,) = doc["comparisons"]
-    assert c["verdict"] == "slower" and c["candidate_runs"] == 3 and "2 fresh process(es)" in c["method"]
-    assert [r["summary"]["median"] for r in doc["replicas"]["fixtured"]] == [20.0, 20.0]
-
-
-def test_the_cli_decides_a_session_file_as_the_session_did_with_its_fresh_processes(bt, capsys):
-    """#28: the session said slower from this process and two fresh ones; the CLI on the same file ignored the
-    replicas and exited 0. It now reads every process the file holds and says the same, scenario by scenario."""
-    from bench_core.shells.cli import main
-
-    bt.makepyfile(test_b=FAKE_BENCH.format(level=2.0))
-    for i in range(3):
-        bt.runpytest("--bench-save", "main", *(["--bench-append"] if i else []), "--bench-repeats", "10",
-                     "--bench-no-out").assert_outcomes(passed=2)
-    bt.makepyfile(test_b=FAKE_BENCH.format(level=4.0).replace("assert m.summary.median == LEVEL", "pass"))
-    bt.runpytest("--bench-compare", "main", "--bench-repeats", "10").assert_outcomes(passed=1, failed=1)
-    (path,) = (bt.path / ".bench" / "results").glob("session-*.json")
-    session = {c["name"]: c["verdict"] for c in json.loads(path.read_text())["comparisons"]}
-    capsys.readouterr()
-    assert main(["compare", str(bt.path / "baselines" / "main.json"), str(path), "--json"]) == 1
-    cli_doc = json.loads(capsys.readouterr().out)
-    cli = {c["name"]: c["verdict"] for c in cli_doc}
-    assert cli == session and session["alpha"] == "slower"
-    # the same adjusted p-values too: the CLI adjusts as the session did (each scenario decided as its test ends),
-    # not with Holm over all of them, which differs at the margin
-    session_p = {c["name"]: c["p_adjusted"] for c in json.loads(path.read_text())["comparisons"]}
-    assert {c["name"]: c["p_adjusted"] for c in cli_doc} == session_p
+    assert c["verdict"] == "slower" and c["candidate_runs"] == 2 and "1 fresh process(es)" in c["method"]
+    assert [r["summary"]["median"] for r in doc["replicas"]["fixtured"]] == [20.0]
 
 
 SLOW = '''
@@ -755,7 +750,7 @@ def test_a_scenario_that_leaves_state_changed_or_a_process_running_is_named_and_
     import os
 
     pytester.makepyfile(test_leaky=LEAKY)
-    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--bench-quick", "--bench-no-out", "--bench-wide")
+    res = pytester.runpytest("-p", "no:cacheprovider", "--bench-quick", "--bench-no-out", "--bench-wide")
     res.assert_outcomes(passed=2)
     line = next(x for x in res.stdout.lines if "left behind" in x)
     assert line.startswith("test_a_leaky left behind") and "default dtype torch.float32 -> torch.float64" in line
@@ -772,8 +767,8 @@ def test_paths_resolve_in_the_project_even_when_an_absolute_argument_moves_pytes
     summary = tmp_path / "elsewhere" / "summary.md"
     summary.parent.mkdir()
     summary.write_text("")
-    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--bench-quick", "--bench-md", str(summary),
-                                        "--bench-save", "b")
+    res = pytester.runpytest("-p", "no:cacheprovider", "--bench-quick", "--bench-md", str(summary),
+                             "--bench-save", "b")
     res.assert_outcomes(passed=1)
     assert (pytester.path / "baselines" / "b.json").exists() and "bench_core: results" in summary.read_text()
 
