@@ -36,6 +36,7 @@ from scipy import stats as st
 from tabulate import tabulate
 
 from bench_core.files import atomic
+from bench_core.timing.protocol import unit_means
 
 WORK_V1 = '''
 import torch
@@ -150,14 +151,6 @@ def pytest_run(root: Path, out: Path, extra: list[str]) -> float:
     return wall
 
 
-def _unit_logs(rounds: dict) -> list[float]:
-    """The units of evidence: each round, or each pair of processes (the mean of its rounds) where `units`."""
-    by: dict = {}
-    for unit, v in zip(rounds.get("units") or range(len(rounds["round_log_ratios"])), rounds["round_log_ratios"]):
-        by.setdefault(unit, []).append(v)
-    return [float(np.mean(v)) for v in by.values()]
-
-
 def trial_rows(session_file: Path) -> list[dict]:
     doc = json.loads(session_file.read_text())
     rows = []
@@ -165,7 +158,7 @@ def trial_rows(session_file: Path) -> list[dict]:
         c = rec["comparison"]
         parts = rec["rounds"]   # a list in older files of worker mode: one per pair of processes
         logs = np.asarray([np.mean(p["round_log_ratios"]) for p in parts] if isinstance(parts, list)
-                          else _unit_logs(parts))
+                          else unit_means(parts["round_log_ratios"], parts.get("units") or ()))
         n = logs.size
         se = logs.std(ddof=1) / math.sqrt(n)
         q = st.t.ppf(0.975, n - 1)

@@ -205,13 +205,7 @@ class Rounds:
     def unit_log_ratios(self) -> list[float]:
         """The units of evidence: each round's log ratio, or, where rounds share a pair of processes (`units`), the
         mean of that pair's rounds, so the bias a process keeps lands in the spread instead of in the answer."""
-        logs = self.round_log_ratios
-        if not self.units:
-            return logs
-        by_unit: dict[int, list[float]] = {}
-        for unit, v in zip(self.units, logs):
-            by_unit.setdefault(unit, []).append(v)
-        return [float(np.mean(v)) for v in by_unit.values()]
+        return unit_means(self.round_log_ratios, self.units)
 
     def to_dict(self) -> dict:
         def ms(rounds):
@@ -221,6 +215,17 @@ class Rounds:
                 "cold_host_gpu_ms": {k: [[x.host_ms, x.gpu_ms] for x in v] for k, v in self.cold.items()},
                 "load_ms": dict(self.load_ms), "seed": self.seed, "round_log_ratios": self.round_log_ratios,
                 **({"units": list(self.units)} if self.units else {})}
+
+
+def unit_means(logs: Sequence[float], units: Sequence[int] = ()) -> list[float]:
+    """Per unit of evidence, in the order units first appear: the mean of its rounds' log ratios (`units`: each
+    round's unit; empty: every round its own)."""
+    if not units:
+        return list(logs)
+    by_unit: dict[int, list[float]] = {}
+    for unit, v in zip(units, logs):
+        by_unit.setdefault(unit, []).append(v)
+    return [float(np.mean(v)) for v in by_unit.values()]
 
 
 def joined(parts: Sequence[Rounds]) -> Rounds:
