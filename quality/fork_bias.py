@@ -8,6 +8,8 @@ identical code in lock-step, ROUNDS rounds of PAIRS alternated pairs, in one of 
   forkpad  the same, the child first allocating memory of a random shape (placement drawn afresh per child)
   forkpair the same, both children of a round drawing the same random shape (drawn afresh per round)
   inplace  each round, each server builds the workload afresh itself (what a worker process did before)
+  zygote   as forkpad, from servers that never built or ran the workload (their allocator never saw it)
+  fresh    each round two new processes, each building the workload once (the program as users run it)
 A pair of servers gives one estimate (the mean of its round log ratios). Repeated over SERVERS pairs of servers,
 the spread of those estimates says where the bias lives: if each fork is fresh, it is the spread of one round over
 sqrt(ROUNDS); if it stays with the server, it stays near the spread of one round's server bias whatever ROUNDS.
@@ -45,7 +47,8 @@ def build():
         for _ in range(20):
             opt.zero_grad(); torch.nn.functional.cross_entropy(m(xb), yb).backward(); opt.step()
     return step
-warm = build(); warm(); warm()   # the server has run the workload once, as a fixture would have built it
+if sys.argv[2:] != ["zygote"]:   # the server has run the workload once, as a fixture would have built it
+    warm = build(); warm(); warm()
 out = os.fdopen(os.dup(1), "w", buffering=1)
 fn = None
 while True:
@@ -87,20 +90,34 @@ SETTINGS = {   # how both servers of a pair are started: what a server's childre
 
 def pair_estimate(kind: str, mode: str, rounds: int, pairs: int, seed: int, setting: str = "as-is") -> list[float]:
     prefix, env = SETTINGS[setting]
-    procs = [subprocess.Popen([*prefix, sys.executable, "-c", SERVER, kind], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, bufsize=1, env={**os.environ, **env})
-             for _ in range(2)]
+    zygote = ["zygote"] if mode in ("zygote", "fresh") else []
+
+    def start():
+        return [subprocess.Popen([*prefix, sys.executable, "-c", SERVER, kind, *zygote], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, bufsize=1, env={**os.environ, **env})
+                for _ in range(2)]
+
+    def stop(procs):
+        for p in procs:
+            p.stdin.write("quit\n")
+            p.stdin.close()
+            p.wait()
 
     def ask(p, cmd):
         p.stdin.write(cmd + "\n")
         p.stdin.flush()
         return p.stdout.readline().strip()
     rng, out = random.Random(seed), []
+    procs = start()
     try:
         for _ in range(rounds):
+            if mode == "fresh" and out:   # each round two new processes, as the user's own runs are
+                stop(procs)
+                procs = start()
             shared = rng.getrandbits(62)
             for p in procs:
-                cmd = {"fork": "fork", "forkpad": "forkpad", "forkpair": f"forkpad {shared}"}.get(mode, "build")
+                cmd = {"fork": "fork", "forkpad": "forkpad", "zygote": "forkpad", "forkpair": f"forkpad {shared}"
+                       }.get(mode, "build")
                 assert ask(p, cmd) == "ok"
             for p in procs:   # the first call of each, kept out
                 ask(p, "t")
@@ -110,14 +127,11 @@ def pair_estimate(kind: str, mode: str, rounds: int, pairs: int, seed: int, sett
                 got = {i: int(ask(procs[i], "t")) for i in order}
                 logs.append(math.log(got[1] / got[0]))
             out.append(statistics.median(logs))
-            if mode != "inplace":
+            if mode not in ("inplace", "fresh"):
                 for p in procs:
                     assert ask(p, "x") == "bye"
     finally:
-        for p in procs:
-            p.stdin.write("quit\n")
-            p.stdin.close()
-            p.wait()
+        stop(procs)
     return out
 
 

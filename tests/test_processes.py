@@ -154,13 +154,13 @@ def test_step(bench, model):
 '''
 
 
-def test_every_round_rebuilds_the_tests_own_fixtures_and_the_modules_are_built_once_per_server(pytester, tmp_path,
-                                                                                                monkeypatch):
-    """A round runs the test item afresh in its own forked child: a function-scoped fixture (the model a conftest
-    builds, the usual way) is built anew every round, while a module-scoped one stays built in each server, as
-    between the tests of one session. The servers' glibc malloc thresholds are left as they are by default, and a
-    child inherits its server's (#48: a false "faster" on a memory-bound step in 2 of 16 A/A): so pairs of servers
-    take the rounds in turn, each pair a unit of evidence; pinned, one pair does, each round its own unit."""
+def test_every_round_runs_the_whole_test_afresh_in_a_child_of_a_server_that_never_ran_it(pytester, tmp_path,
+                                                                                         monkeypatch):
+    """#48: a forked child inherits its server's allocator state, which glibc's malloc as-is tunes from what the
+    server freed (a memory-bound A/A called faster in 2 of 16 when the servers had run the step). So the server
+    never runs the test: its first run (counting, what it loaded) and every round run in children forked from it,
+    each building the module's fixture and the test's own afresh, as a fresh process does; each round is then a
+    unit of evidence, one pair of servers, at either malloc."""
     from bench_core.timing.counts import QUICK
     from bench_core.workflows.malloc import PINNED_MALLOC
 
@@ -172,29 +172,24 @@ def test_every_round_rebuilds_the_tests_own_fixtures_and_the_modules_are_built_o
     commit_all(pytester.path)
     import os
 
-    for malloc, pairs in (("as-is", QUICK.worker_pairs), ("pinned", 1)):
+    for malloc in ("as-is", "pinned"):
         log.write_text("")
         res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick",
                             "--bench-malloc", malloc, out=f"out-{malloc}")
         res.assert_outcomes(passed=1)
         (rec,) = doc["against"]["scenarios"]
         ran = rec["code"]["processes_ran"]
-        assert all(len(r) == pairs for r in ran.values())   # as-is (the default): pairs of servers, each a unit
-        assert rec["rounds"].get("units", []) == ([r % pairs for r in range(QUICK.rounds)] if pairs > 1 else [])
-        assert (f"each side {pairs} pytest processes" in rec["method"]) == (pairs > 1)
+        assert all(len(r) == 1 for r in ran.values()) and "units" not in rec["rounds"]
+        assert "each side a pytest process of its own, every round the test run afresh" in rec["method"]
         assert all(not report["malloc"] for r in ran.values() for report in r) == (malloc == "as-is")
         # the session's own build (this process: pytester runs in it) gives the current side's live instance
         builds = [b for b in (line.split() for line in log.read_text().splitlines()) if int(b[1]) != os.getpid()]
-        for side, reports in ran.items():
-            tree = reports[0]["tree"]
-            servers = {report["pid"] for report in reports}
-            here = [(what, int(p)) for what, p, cwd in builds if cwd == tree]
-            for pid in servers:   # the item's first run, in each server
-                assert [w for w, p in here if p == pid] == ["module", "function"]
-            rounds = [p for w, p in here if w == "function" and p not in servers]
-            assert len(rounds) == len(set(rounds)) == QUICK.rounds            # one fresh child per round
-            assert not [p for w, p in here if w == "module" and p not in servers]
-
+        for side, (report,) in ran.items():
+            here = [(what, int(p)) for what, p, cwd in builds if cwd == report["tree"]]
+            children = sorted({p for _, p in here})
+            assert report["pid"] not in children                      # the server built nothing
+            assert len(children) == QUICK.rounds + 1                  # its first run's child, one child per round
+            assert all([w for w, p in here if p == child] == ["module", "function"] for child in children)
 
 
 RENDEZVOUS_TEST = '''
@@ -224,11 +219,11 @@ def test_step(bench):
 '''
 
 
-def test_the_sides_tests_run_up_to_bench_run_side_by_side_and_warm_one_after_the_other(pytester, tmp_path):
-    """Where rounds fork, each side's server runs its item's test up to bench.run beside the other's (a model's
-    construction, an import it makes, no longer waits for the other side's), and neither warms its step before both
-    have got there (the warming calls, which forked children inherit, stay one after the other). Each side's test
-    waits in its server for the other's to begin: run one after the other, the first would wait out its 60 s."""
+def test_the_sides_first_runs_go_side_by_side_in_children_that_never_call_the_step(pytester, tmp_path):
+    """Each side's first run of its test (what it loaded) goes in a child of its server beside the other side's (a
+    model's construction, an import it makes, does not wait for the other side's), and calls nothing: no warming
+    call is left for the rounds' children to inherit, as none is in a fresh process. Each side's test waits for the
+    other's to begin: run one after the other, the first would wait out its 60 s."""
     import os
 
     pytester.makepyfile(test_p=RENDEZVOUS_TEST.format(here=str(tmp_path), coordinator=os.getpid()))
@@ -239,11 +234,11 @@ def test_the_sides_tests_run_up_to_bench_run_side_by_side_and_warm_one_after_the
     servers = {r[0]["pid"] for r in rec["code"]["processes_ran"].values()}
     events = [(what, int(pid), float(t)) for what, pid, t in
               (line.split() for line in (tmp_path / "events.log").read_text().splitlines())]
-    body = {pid: [t for what, p, t in events if p == pid and what.startswith("body")][:2] for pid in servers}
-    warm = [t for what, p, t in events if p in servers and what == "call"]
-    a, b = body.values()
+    firsts = list(dict.fromkeys(p for what, p, _ in events if what == "body_start" and p != os.getpid()))[:2]
+    assert len(firsts) == 2 and not set(firsts) & servers
+    a, b = ([t for what, p, t in events if p == pid and what.startswith("body")] for pid in firsts)
     assert a[0] < b[1] and b[0] < a[1]   # side by side: each began before the other ended
-    assert warm and max(a[1], b[1]) < min(warm)   # no warming call until both tests got to bench.run
+    assert not [p for what, p, _ in events if what == "call" and p in (*firsts, *servers)]
 
 
 def test_one_process_pins_glibc_malloc_thresholds_in_itself_and_says_so(pytester, monkeypatch):
@@ -444,19 +439,24 @@ def model(weights, size):
 '''
 
 
-def test_a_wider_scoped_fixture_holding_torch_state_is_named_in_the_comparisons_notes(pytester):
-    """A module-scoped fixture holding a tensor is built once in each side's process and every round reuses it, so
-    its allocation's bias is not in the interval: the comparison says so, naming it. A session-scoped float is
-    not torch state, and the function-scoped model is rebuilt every round: neither is named."""
+def test_a_wider_scoped_fixture_holding_torch_state_is_rebuilt_every_forked_round_and_named_only_where_reused(
+        pytester):
+    """A module-scoped fixture holding a tensor is rebuilt in every forked round, as the whole test is, so no side
+    reports it kept and no note names it; a server that cannot fork (CUDA) builds it once and its rounds reuse it,
+    its allocation's bias then out of the interval, which the note says, naming it."""
+    from bench_core.workflows.side_by_side.fidelity import kept_note
+
     pytester.makeconftest(KEPT)
     pytester.makepyfile(test_p=BUILDS_TEST)
     commit_all(pytester.path)
     res, doc = _against(pytester, "--bench-against", "HEAD", "--bench-against-processes", "--bench-quick")
     res.assert_outcomes(passed=1)
     (rec,) = doc["against"]["scenarios"]
-    assert all(r[0]["kept"] == ["weights (module)"] for r in rec["code"]["processes_ran"].values())
-    (note,) = [n for n in rec["comparison"]["notes"] if "reused by every round" in n]
-    assert note.startswith("fixture(s) weights (module) hold torch state") and "size" not in note
+    assert all(r[0]["kept"] == [] for r in rec["code"]["processes_ran"].values())
+    assert not [n for n in rec["comparison"]["notes"] if "reused by every round" in n]
+    note = kept_note({"baseline": ["weights (module)"], "candidate": ["weights (module)"]})
+    assert note.startswith("fixture(s) weights (module) hold torch state") and "reused by every round" in note
+    assert kept_note({"baseline": [], "candidate": []}) is None
 
 
 def test_torch_state_is_found_inside_containers_objects_and_closures_and_nothing_else_counts():

@@ -63,7 +63,7 @@ def serve_items(items, state) -> None:
     """A side's server (`--bench-serve`): run the test items the parent asks for, one at a time, each up to its
     bench.run for the scenario asked for (warmed and counted there, see `serve`), then its rounds, each a run of
     the item afresh."""
-    from bench_core.workflows.side_server import serve_rounds
+    from bench_core.workflows.side_server import first_of, serve_rounds
 
     torch = sys.modules.get("torch")
     state.channel.send({"ready": os.getpid(), "python": platform.python_version(),
@@ -97,13 +97,10 @@ def serve_items(items, state) -> None:
             # class torn down)
             item.ihook.pytest_runtest_protocol(item=item, nextitem=item.getparent(pytest.Module) or item.parent)
         state.begin(doc["scenario"])
-        run_item()
-        if state.ended_by == "quit":
+        first = first_of(state, run_item, item.nodeid)
+        if first == "quit":
             return
-        if state.ended_by == "failed":   # said already
-            continue
-        if not state.reached:
-            state.channel.send({"error": state.missed(item.nodeid)})
+        if first == "said":
             continue
         if serve_rounds(state, run_item, item.nodeid) == "quit":
             return
@@ -111,8 +108,8 @@ def serve_items(items, state) -> None:
 
 
 def kept_fixtures(item) -> list[str]:
-    """The item's fixtures of a wider scope than the test whose values hold torch state, as "name (scope)": this
-    process builds them once and every round reuses them (a round rebuilds only the function-scoped ones)."""
+    """The item's fixtures of a wider scope than the test whose values hold torch state, as "name (scope)", where
+    a server that cannot fork builds them once and every round reuses them (a forked round rebuilds them all)."""
     from bench_core.workflows.side_by_side.fidelity import holds_torch_state
 
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
@@ -142,16 +139,15 @@ def serve(session, request, sizing, scenario, fn, kwargs):
         state.ended_by = side_server.serve_round(state.channel, instance_from(fn, kwargs, scenario), sampler,
                                                   state.places)
         pytest.skip(f"served a round of scenario {name!r} to a side-by-side comparison")
-    state.fork = side_server.can_fork(device)
+    setup = kwargs.get("setup")
+    if state.purpose == "profile":
+        side_server.profile(state, fn, setup)
+        pytest.skip(f"profiled scenario {name!r} for a side-by-side comparison")
     if not state.fork:
         set_threads(own_threads(session.config.threads))
-    setup = kwargs.get("setup")
     state.step = (fn, setup)
 
-    def warm():
-        # forked children inherit what a call sets up once per process (kernels chosen, primitive caches). One call:
-        # more calls settle a model's children sooner but leave memory-bound A/A comparisons sharing their server's
-        # allocator state, and so more false calls (docs/side-by-side.md)
+    def warm():   # a server that cannot fork runs its rounds itself: they start warm, as in one process
         if setup is not None:
             setup()
         fn()
@@ -166,8 +162,9 @@ def serve(session, request, sizing, scenario, fn, kwargs):
         except Exception as exc:  # noqa: BLE001 - not counted, and the parent says why
             return {f"{what}_error": f"{type(exc).__name__}: {exc}"}
     counted = state.signature or bool(scenario.no_growth) or bool(state.instructions)
-    state.ended_by = side_server.first_run(state.channel, name, sampler, fork=state.fork,
+    state.ended_by = side_server.first_run(state.channel, name, sampler, pid=state.pid, fork=state.fork,
                                            files=side_server.loaded_files(state.roots),
-                                           warm=warm if state.fork else None,
-                                           count=count if counted else None, kept=kept_fixtures(request.node))
+                                           warm=None if state.fork else warm,
+                                           count=count if counted else None,
+                                           kept=[] if state.fork else kept_fixtures(request.node))
     pytest.skip(f"warmed scenario {name!r} for a side-by-side comparison")

@@ -298,7 +298,7 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
                warmup: int = 1, seed: int = 0, min_rounds: int = 3, extend_to: Sequence[int] = (),
                go_on: Callable[[Rounds], bool] | None = None, after_build: Callable[[int], Any] | None = None,
                after_round: Callable[[int], Any] | None = None, warm_ms: float = 0.0, pairs_ms: float = 0.0,
-               ahead: str = "switch", timed_here: bool = True, unit_of: Callable[[int], int] | None = None) -> Rounds:
+               ahead: str = "switch", timed_here: bool = True) -> Rounds:
     """`build[side](round)` makes a fresh instance of that side. Each round: build both (in random order),
     a first (cold) call and `warmup` more of each, kept out of the estimate, untimed calls while its first
     call and they have taken less than `warm_ms`, then `pairs` pairs (more for a short step with `pairs_ms`),
@@ -321,8 +321,7 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     (a rank checks there that both sides start and end equal); neither is timed. `timed_here` False: every
     sample is timed in another process (`run_served`), so this one leaves its collector alone: a full collection
     of a pytest process that has imported torch is slow, and both sides' processes would wait for it
-    (docs/lab/from-the-code.md). `unit_of(r)`: the pair of processes that serves round r, where a process keeps a
-    bias of its own (`Rounds.units`)."""
+    (docs/lab/from-the-code.md)."""
     if rounds < min_rounds or pairs < 1:
         raise ValueError(f"side by side needs at least {min_rounds} rounds and 1 pair, got {rounds} and {pairs}")
     if list(extend_to) != sorted(set(extend_to)) or any(n <= rounds for n in extend_to):
@@ -330,8 +329,7 @@ def run_rounds(build: Mapping[str, Callable[[int], Instance]], sampler: Sampler,
     if ahead not in ("switch", "always"):
         raise ValueError(f"ahead must be 'switch' or 'always', got {ahead!r}")
     runner = _Runner(build, sampler, random.Random(seed), after_build, after_round,
-                     single=rounds == 1 and not extend_to, paused=gc_paused if timed_here else nullcontext,
-                     unit_of=unit_of)
+                     single=rounds == 1 and not extend_to, paused=gc_paused if timed_here else nullcontext)
     plan = _Plan(pairs, warmup, warm_ms, pairs_ms, always_ahead=ahead == "always")
     with gc_frozen() if timed_here else nullcontext():
         for r in range(rounds):
@@ -364,8 +362,8 @@ class _Runner:
     """The state of a side-by-side run as its rounds go by."""
 
     def __init__(self, build: Mapping[str, Callable[[int], Instance]], sampler: Sampler, rng: random.Random,
-                 after_build=None, after_round=None, single: bool = False, paused=gc_paused, unit_of=None):
-        self.build, self.sampler, self.rng, self.paused, self.unit_of = build, sampler, rng, paused, unit_of
+                 after_build=None, after_round=None, single: bool = False, paused=gc_paused):
+        self.build, self.sampler, self.rng, self.paused = build, sampler, rng, paused
         self.after_build, self.after_round = after_build, after_round
         self.single = single   # one round only: its samples are named without a round number
         self.last: str | None = None   # the side whose step ran last (on this machine, in whichever process)
@@ -457,43 +455,21 @@ class _Runner:
         self.inst.clear()  # this round's instances go before the next round allocates its own
 
     def result(self, seed: int) -> Rounds:
-        n = len(self.samples["baseline"])
         return Rounds(tuple(self.samples["baseline"]), tuple(self.samples["candidate"]),
-                      {k: tuple(v) for k, v in self.cold.items()}, dict(self.load_ms), seed, dict(self.scenarios),
-                      tuple(self.unit_of(r) for r in range(n)) if self.unit_of is not None else ())
+                      {k: tuple(v) for k, v in self.cold.items()}, dict(self.load_ms), seed, dict(self.scenarios))
 
 
-def run_served(servers: Sequence[Mapping[str, Any]], sampler: Sampler, *, threads: int | None = None,
-               ticks: Callable[[], Mapping[int, tuple[int, int]] | None] = cpu_ticks,
-               more: Callable[[], Sequence[Mapping[str, Any]]] | None = None, **rounds_kw) -> Rounds:
-    """Rounds whose instances live in other processes (`servers`: pairs of them, `pair[side]` a `worker.Worker`
-    serving its test): each round both servers of its pair make a fresh instance (`start_round(cpus)`), held
-    together to the same `threads` CPUs, drawn afresh each round from those the last round left free
-    (`sampling.shared_cpus`, with `ticks()` read at each round's start: `sampling.cpu_ticks`), samples are asked
-    for (`sample()`), and the instance goes when the round ends (`end_round()`). `rounds_kw` are `run_rounds`'s.
-
-    With one pair, each round is a unit of evidence. With several, the pairs take the rounds in turn and each pair
-    is a unit (`Rounds.units`): a process whose rounds fork from it still hands them its allocator's state. Then
-    `more()`, where given, opens as many new pairs again for each later look, which take that look's rounds: a
-    later look adds units, not only rounds to the same units."""
-    if not servers:
-        raise ValueError("run_served needs at least one pair of servers")
-    pairs, k = list(servers), len(servers)
-    starts = (0, rounds_kw.get("rounds", 0), *rounds_kw.get("extend_to", ()))
+def run_served(pair: Mapping[str, Any], sampler: Sampler, *, threads: int | None = None,
+               ticks: Callable[[], Mapping[int, tuple[int, int]] | None] = cpu_ticks, **rounds_kw) -> Rounds:
+    """Rounds whose instances live in other processes (`pair[side]`: a `worker.Worker` serving its test): each
+    round both servers make a fresh instance (`start_round(cpus)`), held together to the same `threads` CPUs, drawn
+    afresh each round from those the last round left free (`sampling.shared_cpus`, with `ticks()` read at each
+    round's start: `sampling.cpu_ticks`), samples are asked for (`sample()`), and the instance goes when the round
+    ends (`end_round()`). Each round is a unit of evidence where the servers fork it from a state no round changed;
+    servers that cannot fork are joined as units by `run_processes`. `rounds_kw` are `run_rounds`'s."""
     started: set[tuple[int, str]] = set()
     places = random.Random(rounds_kw.get("seed", 0) + 0x5EED)   # its own stream: the call order stays the seed's
     last: dict[str, Any] = {"ticks": None, "cpus": None}
-
-    def unit(r: int) -> int:
-        if more is None or k == 1:
-            return r % k
-        look = max(b for b, first in enumerate(starts) if first <= r)
-        return look * k + (r - starts[look]) % k
-
-    def pair_of(r: int) -> Mapping[str, Any]:
-        while unit(r) >= len(pairs):
-            pairs.extend(more())
-        return pairs[unit(r)]
 
     def draw() -> tuple[int, ...] | None:
         now = ticks()
@@ -505,7 +481,6 @@ def run_served(servers: Sequence[Mapping[str, Any]], sampler: Sampler, *, thread
         def build(r: int) -> Instance:
             # both servers asked at once: their children fork and set up side by side, untimed, and the first
             # instance built waits for the other before any call is timed (run_rounds builds both first)
-            pair = pair_of(r)
             if (r, side) not in started:
                 cpus = draw()
                 for s in SIDES:
@@ -516,13 +491,12 @@ def run_served(servers: Sequence[Mapping[str, Any]], sampler: Sampler, *, thread
         return build
 
     def after_round(r: int) -> None:
-        pair = pair_of(r)
         for side in SIDES:
             on_side(side, pair[side].start_end)
         for side in SIDES:
             on_side(side, pair[side].ended)
     return run_rounds({s: builder(s) for s in SIDES}, sampler, after_round=after_round, timed_here=False,
-                      unit_of=unit if k > 1 else None, **rounds_kw)
+                      **rounds_kw)
 
 
 def open_pairs(spawn: Mapping[str, Callable[[int], Any]], ks: Sequence[int], opened: dict[int, dict[str, Any]], *,
@@ -572,7 +546,7 @@ def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *
     each pair in turn runs `rounds` rounds, and is the unit of evidence (`Rounds.units`)."""
     if processes < 3:
         raise ValueError(f"worker mode needs at least 3 pairs of processes, got {processes}")
-    return joined([with_servers(spawn, [k], lambda servers: run_served(servers, sampler, rounds=rounds, pairs=pairs,
+    return joined([with_servers(spawn, [k], lambda servers: run_served(servers[0], sampler, rounds=rounds, pairs=pairs,
                                                                        seed=seed + k, min_rounds=1, warm_ms=warm_ms,
                                                                        threads=threads),
                                 seed=seed, release=release)

@@ -1,15 +1,16 @@
 """The server's side of process mode: what runs inside a side's pytest process (`--bench-serve`, driven by
 `shells/serving.py`) to serve its test item's rounds over the `channel`.
 
-Each round runs the test item afresh: its function-scoped fixtures, then the test, whose bench.run serves the
-round (the module's and the session's fixtures stay built in the server, as between the tests of a session). It
-runs in a child forked from the server, where the server may fork: the child first lays out a heap of a random
-shape, then runs the item. Forked children are cheap (the server has imported torch and the side's code once),
-and measured to carry a fresh bias each, where the same process rebuilding its instance keeps its own
-(`quality/fork_bias.py`, docs/side-by-side.md): a round in a forked child is then a unit of evidence as a round in
-one process is. The server runs one torch thread until it forks (a child of a process that ran OpenMP on more
-threads hangs), and the child takes the session's count. A server that has initialized CUDA cannot fork; it runs
-each round's item itself, and its process is then the unit.
+Where the server may fork, it never runs the item itself: the item's first run (which reports what the side
+loaded and counts its step) and each round run in children forked from it, so every child starts from the state a
+fresh process of the side has after collecting its tests, its allocator untouched by the step (glibc's malloc
+as-is tunes its thresholds from what a process freed, and a server that had run the step passed its tuning to
+every child: docs/lab/program-as-run.md). A round's child runs the whole item afresh, its module's and session's
+fixtures included, as a fresh process would, after laying out a heap of a random shape; it is then a unit of
+evidence as a round in one process is (`quality/fork_bias.py`). The server runs one torch thread (a child of a
+process that ran OpenMP on more threads hangs), and a round's child takes the session's count. A server that has
+initialized CUDA cannot fork; it runs the item itself, keeping the module's fixtures between rounds, and its
+process is then the unit.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class ServeState:
 
     def __init__(self, fds: tuple[int, int]):
         self.channel = Channel(*fds)
+        self.pid = os.getpid()   # the server's, which its children report as theirs
         init = self.channel.recv() or {}
         self.side, self.threads = init.get("side", "side"), init.get("threads")
         self.roots: list[str] = list(init.get("roots", []))
@@ -39,9 +41,10 @@ class ServeState:
         self.device: str = init.get("device") or "cpu"
         self.step: tuple | None = None      # (fn, setup) of the item's first run, for a profiler pass
         self.requested: str | None = None   # the scenario the item under way is to serve
-        self.round = False                  # this run of the item serves a round (else: it warms and counts)
+        self.purpose = "first"              # what this run of the item is for: "first" (count, report), a
+                                            # "round", or a "profile" pass
         self.reached = False                # this run of the item reached bench.run for the scenario asked for
-        self.fork = True                    # rounds in forked children (decided by the item's first run)
+        self.fork = True                    # the item runs in forked children (decided before its first run)
         self.failure: str | None = None     # this run's own failure, when it had one
         self.ended_by: str | None = None    # how this run's serving ended: "end", "quit", "failed"
         self.places: tuple | None = None    # a round's child: (CPUs held to for its samples, CPUs it builds on)
@@ -50,13 +53,18 @@ class ServeState:
         self.requested = scenario
         self.again()
 
-    def again(self, round_: bool = False) -> None:
-        """Before each run of the item: its first (`round_` False), or one serving a round."""
-        self.round, self.reached, self.failure, self.ended_by = round_, False, None, None
+    def again(self, purpose: str = "first") -> None:
+        """Before each run of the item, for `purpose` (see `self.purpose`)."""
+        self.purpose, self.reached, self.failure, self.ended_by = purpose, False, None, None
+
+    @property
+    def round(self) -> bool:
+        return self.purpose == "round"
 
     def missed(self, nodeid: str) -> str:
         return (f"{nodeid} did not reach bench.run for scenario {self.requested!r}"
-                f"{' in a round' if self.round else ''}: {self.failure or 'it never measured it'}")
+                f"{'' if self.purpose == 'first' else ' in a ' + self.purpose}: "
+                f"{self.failure or 'it never measured it'}")
 
 
 _KEEP: list = []   # a forked child's scattered heap, alive until the child ends
@@ -103,14 +111,14 @@ def can_fork(device: str) -> bool:
     return torch is None or not torch.cuda.is_initialized()
 
 
-def first_run(channel: Channel, name: str, sampler, *, fork: bool, files: Mapping[str, str | None],
+def first_run(channel: Channel, name: str, sampler, *, pid: int, fork: bool, files: Mapping[str, str | None],
               warm: Callable[[], Any] | None, count: Callable[[], Mapping[str, Any]] | None,
               kept: list[str] = ()) -> str:
-    """The item's first run in the server, at its bench.run: said ("reached"), then on the parent's "go" (the other
-    side's server has reached its own, see `Worker.assign`) `warm()` untimed (forked children then inherit what a
-    call sets up once per process: kernels chosen, primitive caches), then `count()`, whose fields (the step's work
-    signature) go to the parent with the "serving" line, with `kept` (the fixtures every round reuses, see
-    `serving.kept_fixtures`). Returns "served", "failed" (said), or "quit" (the parent ended it, or is gone)."""
+    """The item's first run (`first_of`), at its bench.run: said ("reached"), then on the parent's "go" (the other
+    side's server has reached its own, see `Worker.assign`) `warm()` untimed (a server that cannot fork: its rounds
+    run in it), then `count()`, whose fields (the step's work signature) go to the parent with the "serving" line,
+    with the server's `pid` and `kept` (the fixtures every round reuses, see `serving.kept_fixtures`). Returns "served", "failed" (said),
+    or "quit" (the parent ended it, or is gone)."""
     channel.send({"reached": name})
     doc = channel.recv()
     if doc is None or doc.get("cmd") != "go":
@@ -122,9 +130,42 @@ def first_run(channel: Channel, name: str, sampler, *, fork: bool, files: Mappin
             channel.send({"error": exc.problem})
             return "failed"
     counted = dict(count()) if count is not None else {}
-    channel.send({"serving": name, "pid": os.getpid(), "fork": fork, "files": dict(files), "kept": list(kept),
+    channel.send({"serving": name, "pid": pid, "fork": fork, "files": dict(files), "kept": list(kept),
                   **counted})
     return "served"
+
+
+def first_of(state: ServeState, run_item: Callable[[], None], nodeid: str) -> str:
+    """The item's first run (see `first_run`), in a child forked from this server where it may fork, so that the
+    server never runs the step; returns "served", "said" (its failure is said) or "quit"."""
+    def first() -> int:
+        run_item()
+        if state.ended_by == "quit":
+            return _QUIT_STATUS
+        if state.ended_by == "failed":   # said already
+            return _SAID_STATUS
+        if not state.reached:
+            state.channel.send({"error": state.missed(nodeid)})
+            return _SAID_STATUS
+        return 0
+    state.fork = can_fork(state.device)
+    if not state.fork:
+        code = first()
+        return {0: "served", _QUIT_STATUS: "quit"}.get(code, "said")
+    status = _in_child(first, failed=_FAILED_STATUS)
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    if code in (0, _QUIT_STATUS, _SAID_STATUS):
+        return {0: "served", _QUIT_STATUS: "quit"}.get(code, "said")
+    state.channel.send({"error": f"{nodeid}: the test's first run, in a child of this side's process, "
+                                 f"{_ended_how(status)}"})
+    return "said"
+
+
+def _ended_how(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"was killed by signal {os.WTERMSIG(status)}"
+    code = os.WEXITSTATUS(status)
+    return "raised out of pytest" if code == _FAILED_STATUS else f"ended with exit code {code}"
 
 
 def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -> str:
@@ -140,12 +181,12 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
         if cmd in (None, "done", "quit"):
             return cmd or "quit"
         if cmd == "profile":
-            _profile_reply(state)
+            _profile_reply(state, run_item, nodeid)
             continue
         if cmd != "round":
             channel.send({"error": f"{cmd!r} outside a round"})
             continue
-        state.again(round_=True)
+        state.again("round")
         if not state.fork:
             hold_to(doc.get("cpus"))
             run_item()
@@ -176,7 +217,9 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
         channel.send({"ended": status})
 
 
-_QUIT_STATUS = 75   # a round's child ending on the parent's "quit": the server ends too
+_QUIT_STATUS = 75   # a child ending on the parent's "quit": the server ends too
+_SAID_STATUS = 76   # a child whose run of the item failed, which it said to the parent
+_FAILED_STATUS = 77   # a child that raised out of its run of the item
 
 
 SERVED_PROFILE_CALLS = 1   # a verdict's explanation, not its evidence: one profiled call a pass, `PASSES` passes in
@@ -184,10 +227,10 @@ SERVED_PROFILE_CALLS = 1   # a verdict's explanation, not its evidence: one prof
                            # docs/lab/from-the-code.md)
 
 
-def _profile_reply(state: ServeState) -> None:
-    """The parent's "profile", answered from a child forked from the server, where it may fork: profiler passes in
-    the server itself change what the next items' warming calls leave for their children to inherit, and can leave
-    one side's children slow in every round (docs/side-by-side.md)."""
+def _profile_reply(state: ServeState, run_item: Callable[[], None], nodeid: str) -> None:
+    """The parent's "profile", answered from a child forked from the server, where it may fork, which runs the item
+    afresh up to its bench.run (`profile`): profiler passes in the server itself would change what the next items'
+    children inherit (docs/side-by-side.md)."""
     from bench_core.timing.sampling import own_threads, set_threads
 
     if not state.fork:
@@ -196,16 +239,26 @@ def _profile_reply(state: ServeState) -> None:
 
     def profile_child() -> int:
         set_threads(own_threads(state.threads))
-        state.channel.send(_profiled(state))
+        state.again("profile")
+        run_item()
+        if not state.reached:
+            state.channel.send({"error": f"profiler pass: {state.missed(nodeid)}"})
         return 0
     status = _in_child(profile_child, failed=1)
     if status != 0:   # it ended before it answered
         state.channel.send({"error": f"profiler pass: its process ended with wait status {status}"})
 
 
+def profile(state: ServeState, fn, setup) -> None:
+    """At bench.run in a child run for the profiler passes: they are answered from this run's instance."""
+    state.step = (fn, setup)
+    state.channel.send(_profiled(state))
+
+
 def _profiled(state: ServeState) -> dict:
-    """The profiler passes of the item's first instance (the server's), after its rounds: `PASSES` of them, in
-    the one child forked for them, each pass an operator's sample for `deciding.explained`."""
+    """The profiler passes of the item's instance (its first run's where the server cannot fork, else one built
+    for them in the child), after its rounds: `PASSES` of them, each an operator's sample for
+    `deciding.explained`."""
     from bench_core.timing.backends import backend_for
     from bench_core.timing.protocol import ROUND_WARM_MS, Instance, warm_for
     from bench_core.timing.sampling import Sampler

@@ -21,8 +21,8 @@ from bench_core.deciding.sequential import planned_looks, possible_change
 from bench_core.deciding.verdicts import FASTER, SLOWER
 from bench_core.timing.backends import CpuBackend, backend_for
 from bench_core.timing.counts import QUICK
-from bench_core.timing.protocol import (PAIRS_MAX, ROUND_PAIRS_MS, ROUND_WARM_MS, SideError, close_pairs, on_side,
-                                        open_pairs, run_processes, run_rounds, run_served, with_servers)
+from bench_core.timing.protocol import (PAIRS_MAX, ROUND_PAIRS_MS, ROUND_WARM_MS, SideError, on_side, run_processes,
+                                        run_rounds, run_served, with_servers)
 from bench_core.timing.sampling import Sampler, set_threads
 from bench_core.workflows.side_by_side.fidelity import kept_note
 
@@ -70,11 +70,6 @@ class AgainstConfig:
         if self.max_rounds < self.rounds:
             raise ValueError(f"--bench-max-rounds ({self.max_rounds}) must be at least --bench-rounds "
                              f"({self.rounds}); equal to it turns the later looks off")
-
-    def served_pairs(self, quick: bool = False) -> int:
-        """Pairs of processes that take a process-mode comparison's forked rounds in turn, where each keeps a bias
-        (malloc as-is): the worker-mode pairs, the same unit of evidence."""
-        return self.quick_processes if quick else self.processes
 
     @property
     def in_processes(self) -> bool:
@@ -202,14 +197,13 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                           items: int | None = None, proof: Mapping[str, Any] | None = None
                           ) -> tuple[Measurement, Comparison | None]:
     """The same with each side in pytest processes of its own (`sides[side]`: its servers' init and the test item
-    they serve, see `workflows.worker`). Where the servers can fork, every round's instances live in freshly forked
-    children, with a heap laid out afresh, and the looks are those of one process. A forked child still inherits
-    its server's allocator state, which glibc's malloc as-is (not pinned) tunes from what the server freed, so at
-    that default `served_pairs` pairs of servers take the rounds in turn and each pair is a unit of evidence
-    (`Rounds.units`); pinned, one pair does, each round its own unit. Where the servers cannot fork (CUDA), each
-    process keeps a bias of its own, so the pair of processes is the unit: more pairs, a wider interval, and the
-    method says so. Servers are the session's pool, kept from scenario to scenario of one test file. The current
-    side's result is its own samples, or a plain measurement of `live`."""
+    they serve, see `workflows.worker`). Where the servers can fork, every round runs the test item afresh in a
+    freshly forked child, with a heap laid out afresh, from a server that never ran the step (so every child starts
+    from the allocator state a fresh process of the side has: `workflows.side_server`); each round is then a unit
+    of evidence and the looks are those of one process. Where the servers cannot fork (CUDA), each process keeps a
+    bias of its own, so the pair of processes is the unit: more pairs, a wider interval, and the method says so.
+    Servers are the session's pool, kept from scenario to scenario of one test file. The current side's result is
+    its own samples, or a plain measurement of `live`."""
     from bench_core.workflows.side_server import can_fork
 
     a, quick = session.config.against, session.config.quick
@@ -223,9 +217,8 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
 
     if can_fork(session.config.device):
         looks, pairs = a.looks(quick), QUICK.pairs if quick else a.pairs
-        served = 1 if session.config.malloc == "pinned" else a.served_pairs(quick)
-        # the servers warm up before they fork, so a child's first call is not a cold start: that is observed here,
-        # on this process's own instance of the current side, as a plain run observes it
+        # a child's first call is not a cold start of the side as a plain run has it (its server imported the code):
+        # that is observed here, on this process's own instance of the current side, as a plain run observes it
         first = Sampler(scenario.name, backend_for(session.config.device))
         with session.limited(scenario):
             if live.setup is not None:
@@ -235,21 +228,19 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
         profiled: list = []   # a slower or faster verdict's profiler passes, in each side's own process
 
         def run(judge):
-            res = _forked_rounds(session, scenario.name, spawn, served, release, profiled,
-                                 lambda servers, more: run_served(servers, sampler, rounds=looks[0], pairs=pairs,
-                                                                  warmup=a.warmup, warm_ms=a.warm_ms, seed=a.seed,
-                                                                  extend_to=looks[1:], go_on=judge.go_on,
-                                                                  pairs_ms=a.pairs_ms, more=more,
-                                                                  threads=session.config.threads), judge)
+            res = _forked_rounds(session, scenario.name, spawn, release, profiled,
+                                 lambda servers: run_served(servers, sampler, rounds=looks[0], pairs=pairs,
+                                                            warmup=a.warmup, warm_ms=a.warm_ms, seed=a.seed,
+                                                            extend_to=looks[1:], go_on=judge.go_on,
+                                                            pairs_ms=a.pairs_ms, threads=session.config.threads),
+                                 judge)
             _check_processes(scenario.name, ran, session.revision)
             return res
         how = (f"{looks[0]} rounds" if len(looks) == 1 else
                f"{looks[0]} rounds, {looks[-1]} at most for a possible change")
-        where = ("each side a pytest process of its own" if served == 1 else
-                 f"each side {served} pytest processes taking the rounds in turn, {served} more for each later look "
-                 f"(a pair of processes is the unit: its children inherit its allocator's state)")
-        return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, {where}, every round "
-                                                           f"in freshly forked children"
+        return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, each side a pytest "
+                                                           f"process of its own, every round the test run afresh in "
+                                                           f"a freshly forked child"
                                                            f"{_held_said(session.config.threads)}{malloc}",
                              items, proof, None, None, looks, cold=cold,
                              signatures=lambda: _served_signatures(session, scenario.name, ran),
@@ -269,31 +260,15 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                          current_here=True)
 
 
-def _forked_rounds(session, name: str, spawn, served: int, release, profiled: list, rounds, judge):
-    """`rounds(servers, more)` (`run_served`) on `served` pairs from the pool, which take the first look's rounds;
-    a later look's, where the chase goes on, go to new pairs of their own (`more`: more units, not only more
-    rounds of the same), each look's ended before the next look's start and after the scenario. A slower or faster
-    verdict's profiler passes go to `profiled`."""
-    kept: dict[int, dict] = {}
-    extra: dict[int, dict] = {}
-    ok, opened = False, [served]
-    seed = session.config.against.seed
-
-    def more():
-        close_pairs(extra, False, release)
-        extra.clear()
-        opened[0] += served
-        return open_pairs(spawn, range(opened[0] - served, opened[0]), extra, seed=seed)
-    try:
-        servers = open_pairs(spawn, range(served), kept, seed=seed)
-        res = rounds(servers, more)
+def _forked_rounds(session, name: str, spawn, release, profiled: list, rounds, judge):
+    """`rounds(pair)` (`run_served`) on a pair of servers from the pool, ended after the scenario; a slower or
+    faster verdict's profiler passes go to `profiled`."""
+    def work(pairs):
+        res = rounds(pairs[0])
         if not session.config.quick and judge(res, "host").verdict in (SLOWER, FASTER):
-            profiled.extend(_profile_served(session, name, servers[0]))
-        ok = True
+            profiled.extend(_profile_served(session, name, pairs[0]))
         return res
-    finally:
-        close_pairs(kept, ok, release)
-        close_pairs(extra, False, release)
+    return with_servers(spawn, [0], work, seed=session.config.against.seed, release=release)
 
 
 def _profile_served(session, name: str, servers) -> list:
