@@ -219,11 +219,13 @@ def test_step(bench):
 '''
 
 
-def test_the_sides_first_runs_go_side_by_side_in_children_that_never_call_the_step(pytester, tmp_path):
-    """Each side's first run of its test (what it loaded) goes in a child of its server beside the other side's (a
-    model's construction, an import it makes, does not wait for the other side's), and calls nothing: no warming
-    call is left for the rounds' children to inherit, as none is in a fresh process. Each side's test waits for the
-    other's to begin: run one after the other, the first would wait out its 60 s."""
+def test_the_sides_first_runs_go_side_by_side_in_children_and_call_the_step_only_once_both_got_there(pytester,
+                                                                                                   tmp_path):
+    """Each side's first run of its test (what it loaded, what its step's first call imports, which its server
+    then imports for the rounds' children) goes in a child of its server beside the other side's (a model's
+    construction, an import it makes, does not wait for the other side's), and neither calls its step before both
+    have got to bench.run. Each side's test waits for the other's to begin: run one after the other, the first would
+    wait out its 60 s. The servers themselves never call it."""
     import os
 
     pytester.makepyfile(test_p=RENDEZVOUS_TEST.format(here=str(tmp_path), coordinator=os.getpid()))
@@ -238,7 +240,9 @@ def test_the_sides_first_runs_go_side_by_side_in_children_that_never_call_the_st
     assert len(firsts) == 2 and not set(firsts) & servers
     a, b = ([t for what, p, t in events if p == pid and what.startswith("body")] for pid in firsts)
     assert a[0] < b[1] and b[0] < a[1]   # side by side: each began before the other ended
-    assert not [p for what, p, _ in events if what == "call" and p in (*firsts, *servers)]
+    calls = [t for what, p, t in events if what == "call" and p in firsts]
+    assert calls and max(a[1], b[1]) < min(calls)
+    assert not [p for what, p, _ in events if p in servers]
 
 
 def test_one_process_pins_glibc_malloc_thresholds_in_itself_and_says_so(pytester, monkeypatch):

@@ -249,6 +249,33 @@ def test_a_server_serves_each_round_from_a_freshly_forked_child_that_ends_with_i
     assert w.proc.poll() is not None
 
 
+def test_what_the_first_run_imports_its_server_imports_so_no_round_child_imports_it_again(tmp_path):
+    """The test's first run (in a child) calls the step once, which imports a module lazily, as an optimizer's
+    first use does (most of a second each round, built afresh in every child); its server then imports the same
+    modules, never running the step, so each round's child starts with them loaded, as a fresh process has them
+    by the time it measures."""
+    from bench_core.workflows.worker import Worker
+
+    (tmp_path / "lazy_mod.py").write_text(f"import os\nwith open({str(tmp_path / 'imports.log')!r}, 'a') as f:\n"
+                                          f"    f.write(str(os.getpid()) + '\\n')\n")
+    init, spec = _worker_test(tmp_path, "from bench_core import Scenario\n    def step():\n        import lazy_mod\n"
+                                        "    bench.run(Scenario('w', ('compute',)), step)")
+    children = []
+    with Worker(init) as w:
+        w.assign(spec)
+        w.wait_ready()
+        for _ in range(2):
+            w.round()
+            children.append(w.child)
+            w.sample()
+            w.end_round()
+        w.done()
+        server = w.proc.pid
+    importers = [int(line) for line in (tmp_path / "imports.log").read_text().split()]
+    assert len(importers) == 2 and importers[1] == server != importers[0]   # the first run's child, then the server
+    assert not set(importers) & set(children)
+
+
 def test_a_round_child_builds_beside_the_other_and_samples_held_with_no_collection_of_its_servers_objects(tmp_path):
     """#27: held to one CPU from its start, the two sides' children built their instances by turns; and a round's
     child sampled with the collector on, over everything its server had made (7 ms in one sample here)."""

@@ -147,7 +147,10 @@ def serve(session, request, sizing, scenario, fn, kwargs):
         set_threads(own_threads(session.config.threads))
     state.step = (fn, setup)
 
-    def warm():   # a server that cannot fork runs its rounds itself: they start warm, as in one process
+    def warm():
+        # where the server forks, this runs in the first run's child, whose imports the server then takes over
+        # (`side_server.first_of`); a server that cannot fork runs its rounds itself: they start warm, as in one
+        # process
         if setup is not None:
             setup()
         fn()
@@ -164,7 +167,7 @@ def serve(session, request, sizing, scenario, fn, kwargs):
     counted = state.signature or bool(scenario.no_growth) or bool(state.instructions)
     state.ended_by = side_server.first_run(state.channel, name, sampler, pid=state.pid, fork=state.fork,
                                            files=side_server.loaded_files(state.roots),
-                                           warm=None if state.fork else warm,
+                                           warm=warm,
                                            count=count if counted else None,
                                            kept=[] if state.fork else kept_fixtures(request.node))
     pytest.skip(f"warmed scenario {name!r} for a side-by-side comparison")

@@ -20,6 +20,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -115,8 +116,8 @@ def first_run(channel: Channel, name: str, sampler, *, pid: int, fork: bool, fil
               warm: Callable[[], Any] | None, count: Callable[[], Mapping[str, Any]] | None,
               kept: list[str] = ()) -> str:
     """The item's first run (`first_of`), at its bench.run: said ("reached"), then on the parent's "go" (the other
-    side's server has reached its own, see `Worker.assign`) `warm()` untimed (a server that cannot fork: its rounds
-    run in it), then `count()`, whose fields (the step's work signature) go to the parent with the "serving" line,
+    side's server has reached its own, see `Worker.assign`) `warm()` untimed (in a child: what the step's first call
+    imports, the server imports; a server that cannot fork: its rounds start warm), then `count()`, whose fields (the step's work signature) go to the parent with the "serving" line,
     with the server's `pid` and `kept` (the fixtures every round reuses, see `serving.kept_fixtures`). Returns "served", "failed" (said),
     or "quit" (the parent ended it, or is gone)."""
     channel.send({"reached": name})
@@ -125,7 +126,7 @@ def first_run(channel: Channel, name: str, sampler, *, pid: int, fork: bool, fil
         return "quit"
     if warm is not None:
         try:
-            sampler.call("the server's warming call", warm)
+            sampler.call("the first run's warming call", warm)
         except ScenarioError as exc:
             channel.send({"error": exc.problem})
             return "failed"
@@ -137,9 +138,14 @@ def first_run(channel: Channel, name: str, sampler, *, pid: int, fork: bool, fil
 
 def first_of(state: ServeState, run_item: Callable[[], None], nodeid: str) -> str:
     """The item's first run (see `first_run`), in a child forked from this server where it may fork, so that the
-    server never runs the step; returns "served", "said" (its failure is said) or "quit"."""
-    def first() -> int:
+    server never runs the step; returns "served", "said" (its failure is said) or "quit". The modules that run
+    imported (its fixtures, its step's first call) are then imported here, so that each round's child starts with
+    them loaded, as a fresh process has them by the time it measures: built afresh in every child, an optimizer's
+    lazy imports alone took most of a second a round."""
+    def first(imported: str | None = None) -> int:
         run_item()
+        if imported is not None:
+            Path(imported).write_text("\n".join(sorted(sys.modules)))
         if state.ended_by == "quit":
             return _QUIT_STATUS
         if state.ended_by == "failed":   # said already
@@ -152,13 +158,33 @@ def first_of(state: ServeState, run_item: Callable[[], None], nodeid: str) -> st
     if not state.fork:
         code = first()
         return {0: "served", _QUIT_STATUS: "quit"}.get(code, "said")
-    status = _in_child(first, failed=_FAILED_STATUS)
+    fd, imported = tempfile.mkstemp(prefix="bench-core-modules-", suffix=".txt")
+    os.close(fd)
+    try:
+        status = _in_child(lambda: first(imported), failed=_FAILED_STATUS)
+        _import_as(Path(imported).read_text().split())
+    finally:
+        os.unlink(imported)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     if code in (0, _QUIT_STATUS, _SAID_STATUS):
         return {0: "served", _QUIT_STATUS: "quit"}.get(code, "said")
     state.channel.send({"error": f"{nodeid}: the test's first run, in a child of this side's process, "
                                  f"{_ended_how(status)}"})
     return "said"
+
+
+def _import_as(names: list[str]) -> None:
+    """Imports each module of `names` this process lacks, parents first; one that does not import by its name
+    (a module registered under another, an extension's submodule) is left to the child that needs it."""
+    import importlib
+
+    for name in sorted(set(names) - set(sys.modules), key=lambda n: (n.count("."), n)):
+        if name in sys.modules or name == "__main__":
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - any failure only leaves the import to the rounds' children
+            pass
 
 
 def _ended_how(status: int) -> str:
