@@ -345,3 +345,23 @@ def test_a_build_past_its_limit_is_ended_with_everything_it_started(tmp_path):
                      ending=end_group)
     grandchild = int((tmp_path / "log").read_text().split()[0])
     assert ran.code is None and not alive(grandchild)   # the compiler a build's shell started, not only the shell
+
+
+def test_a_builds_cache_key_changes_with_the_build_environment_and_nothing_else(tmp_path, monkeypatch):
+    """#52: a binary cached under one CFLAGS (or compiler, or CUDA architectures) is never reused for a build under
+    another; a variable no build tool reads leaves the key as it was."""
+    from bench_core.workflows.side_by_side.compiled import BUILD_ENV, build_key
+
+    (tmp_path / "setup.py").write_text("")
+    commit_all(tmp_path)
+    for name in BUILD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    plain = build_key(tmp_path, "HEAD", "python setup.py build_ext --inplace")
+    monkeypatch.setenv("BENCH_UNRELATED", "1")
+    assert build_key(tmp_path, "HEAD", "python setup.py build_ext --inplace") == plain
+    for name, value in (("CFLAGS", "-O0"), ("TORCH_CUDA_ARCH_LIST", "9.0"), ("CUDA_HOME", "/opt/cuda-12")):
+        monkeypatch.setenv(name, value)
+        assert build_key(tmp_path, "HEAD", "python setup.py build_ext --inplace") != plain, name
+        monkeypatch.delenv(name)
+    assert build_key(tmp_path, "HEAD", "python setup.py build_ext --inplace") == plain
+    assert build_key(tmp_path, "HEAD", "make") != plain

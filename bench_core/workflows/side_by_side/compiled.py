@@ -238,8 +238,16 @@ def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str
     return _built(rev_root, label, commit, build, cache, current_root, code.differ)
 
 
+# what else a build's output depends on, as the build tools read it from the environment (setuptools and
+# torch.utils.cpp_extension): the compilers, their flags, the CUDA toolkit and the GPU architectures built for
+BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", "ARCHFLAGS", "CUDA_HOME",
+             "CUDA_PATH", "NVCC_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "TORCH_CUDA_ARCH_LIST",
+             "TORCH_EXTENSIONS_DIR")
+
+
 def build_key(root: Path, commit: str, build: str) -> str:
-    """A build's cache key: the revision's tree, this interpreter, torch's version, the compiler, the command."""
+    """A build's cache key: the revision's tree, this interpreter, torch's version, the compiler, the command, and
+    the build environment (`BUILD_ENV`) as set: a cached binary is never one built with other flags."""
     tree = git.output(root, "rev-parse", f"{commit}^{{tree}}") or commit
     try:
         from importlib.metadata import version
@@ -247,7 +255,8 @@ def build_key(root: Path, commit: str, build: str) -> str:
         torch = version("torch")
     except Exception:  # noqa: BLE001 - not installed: part of the key all the same
         torch = None
-    parts = [tree, sys.executable, sys.version, torch, compiler(), build]
+    env = {name: os.environ[name] for name in BUILD_ENV if name in os.environ}
+    parts = [tree, sys.executable, sys.version, torch, compiler(), build, env]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
 
 
