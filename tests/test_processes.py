@@ -135,7 +135,8 @@ def _built(what):
 @pytest.fixture(scope="module")
 def data():
     _built("module")
-    return 1.0
+    yield 1.0
+    _built("module_end")
 
 
 @pytest.fixture
@@ -189,7 +190,8 @@ def test_every_round_runs_the_whole_test_afresh_in_a_child_of_a_server_that_neve
             children = sorted({p for _, p in here})
             assert report["pid"] not in children                      # the server built nothing
             assert len(children) == QUICK.rounds + 1                  # its first run's child, one child per round
-            assert all([w for w, p in here if p == child] == ["module", "function"] for child in children)
+            # and tears down what it built, the module's fixture too, before it ends
+            assert all([w for w, p in here if p == child] == ["module", "function", "module_end"] for child in children)
 
 
 RENDEZVOUS_TEST = '''

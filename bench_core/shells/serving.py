@@ -90,12 +90,14 @@ def serve_items(items, state) -> None:
             adoption.names[item.nodeid] = doc["scenario"]
 
         def run_item(item=item):
-            # nextitem, the item's parent: a run tears down only the item itself, so the module's and the session's
-            # fixtures stay built in the server, as they stay between the tests of one session, and a round
-            # rebuilds what the test builds for itself (its function-scoped fixtures, then its body)
-            # (the module, not a test method's class: the next item may be another class's, whose setup needs this
-            # class torn down)
-            item.ihook.pytest_runtest_protocol(item=item, nextitem=item.getparent(pytest.Module) or item.parent)
+            # in a forked child, the item is the session's last: every fixture it built (the module's and the
+            # session's too: a server that forks builds none) is torn down before the child ends, as at a fresh
+            # process's end, so what a fixture started (a process, a file) ends with its round. In a server that
+            # cannot fork, the next item is the item's parent: a run tears down only the item itself, so the
+            # module's and the session's fixtures stay built, as between the tests of one session (the module, not
+            # a test method's class: the next item may be another class's, whose setup needs this class torn down)
+            nextitem = None if state.fork else item.getparent(pytest.Module) or item.parent
+            item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         state.begin(doc["scenario"])
         first = first_of(state, run_item, item.nodeid)
         if first == "quit":
