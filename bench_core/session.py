@@ -363,8 +363,8 @@ class BenchSession(Ledger):
 
         profile_distributed(self, name, spec, topology)
 
-    def open_revision(self, root: Path) -> None:
-        side_by_side.open_revision(self, root)
+    def open_revision(self, root: Path, project: Path | None = None) -> None:
+        side_by_side.open_revision(self, root, project)
 
     def close_revision(self) -> None:
         side_by_side.close_revision(self)

@@ -365,3 +365,23 @@ def test_a_builds_cache_key_changes_with_the_build_environment_and_nothing_else(
         monkeypatch.delenv(name)
     assert build_key(tmp_path, "HEAD", "python setup.py build_ext --inplace") == plain
     assert build_key(tmp_path, "HEAD", "make") != plain
+
+
+def test_a_build_runs_in_the_projects_folder_of_the_revisions_tree_and_a_missing_one_is_named(tmp_path):
+    """#52: a package in a subfolder of its repository (pytest's rootdir there, its pyproject.toml declaring the
+    build) is built in that folder of the revision's tree, not at the repository's root; where the revision has no
+    such folder, the error says so before running anything."""
+    from bench_core.workflows.side_by_side.compiled import CompiledError, ensure_built
+
+    repo, tree = tmp_path / "repo", tmp_path / "tree"
+    for root in (repo, tree):
+        (root / "python").mkdir(parents=True)
+        (root / "python" / "setup.py").write_text("")
+    commit_all(repo)
+    build = "pwd > where.txt && touch _fast.so"
+    built = ensure_built(repo, tree, "HEAD", "HEAD", build, tmp_path / "cache", where="python")
+    assert built.files == ("python/_fast.so",) and not built.cached
+    assert (tree / "python" / "where.txt").read_text().strip() == str(tree / "python")
+    assert ensure_built(repo, tree, "HEAD", "HEAD", build, tmp_path / "cache", where="python").cached
+    with pytest.raises(CompiledError, match="the project's folder lib is not in its tree"):
+        ensure_built(repo, tree, "HEAD", "HEAD", build, tmp_path / "cache2", where="lib")

@@ -63,7 +63,7 @@ def pytest_configure(config):
 
             serving.start(config, session)
         elif scfg.mode == SIDE_BY_SIDE:
-            session.open_revision(root)
+            session.open_revision(root, Path(str(config.rootpath)))
     except (BenchError, ValueError) as exc:
         raise pytest.UsageError(f"bench_core: {exc}") from None
 

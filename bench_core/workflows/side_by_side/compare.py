@@ -105,8 +105,10 @@ def _pairs_said(pairs: int, a: AgainstConfig) -> str:
     return f"{pairs} pairs{more}"
 
 
-def open_revision(session, root: Path) -> None:
-    """Extract --bench-against's revision and make it importable beside the current code. (glibc malloc's
+def open_revision(session, root: Path, project: Path | None = None) -> None:
+    """Extract --bench-against's revision and make it importable beside the current code; `project`: pytest's
+    rootdir, whose counterpart in the revision's tree is where its build runs (a package in a subfolder of its
+    repository). (glibc malloc's
     thresholds were pinned in this process at the session's start, `--bench-malloc`, as in process mode's servers,
     so that a step that frees large blocks does not fault them in afresh on some calls and not others.)"""
     from bench_core.workflows.side_by_side.revisions import LoadedRevision
@@ -130,8 +132,10 @@ def open_revision(session, root: Path) -> None:
     if code.present:   # before any scenario: a revision that cannot get binaries of its own stops the run here
         cache = compiled.cache_folder(loaded.current_root / ".bench" / "builds")
         ignored_by_git(cache)
+        top, here = loaded.current_root.resolve(), Path(project or root).resolve()
+        where = here.relative_to(top).as_posix() if here.is_relative_to(top) else "."
         loaded.compiled = compiled.prepare(code, loaded.current_root, loaded.root, loaded.revision.label,
-                                           loaded.revision.commit, c.against.build, cache)
+                                           loaded.revision.commit, c.against.build, cache, where)
 
 
 def worker_pool(session):

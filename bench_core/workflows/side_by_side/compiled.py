@@ -187,9 +187,11 @@ def _shown(files: Iterable[str], n: int = 4) -> str:
 
 
 def prepare(code: CompiledCode, current_root: Path, rev_root: Path, label: str, commit: str, build: str | None,
-            cache: Path) -> Prepared:
-    """Give the revision's tree at `rev_root` the compiled code its side runs, or raise CompiledError."""
-    return replace(_prepared(code, current_root, rev_root, label, commit, build, cache),
+            cache: Path, where: str = ".") -> Prepared:
+    """Give the revision's tree at `rev_root` the compiled code its side runs, or raise CompiledError. `where`: the
+    project's folder inside the repository (pytest's rootdir, whose pyproject.toml declares the build), where the
+    revision's build runs."""
+    return replace(_prepared(code, current_root, rev_root, label, commit, build, cache, where),
                    why=f"the project has compiled code ({_shown(code.built or code.sources, 2)}), and one process "
                        f"cannot hold two builds of one extension module",
                    sources=code.digests,
@@ -207,7 +209,7 @@ def _stale(code: CompiledCode, root: Path) -> list[str]:
 
 
 def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str, commit: str, build: str | None,
-              cache: Path) -> Prepared:
+              cache: Path, where: str = ".") -> Prepared:
     stale = _stale(code, current_root)
     if stale:
         raise CompiledError(f"this tree's built {_shown(code.built)} is older than its source {_shown(stale)}, "
@@ -235,7 +237,7 @@ def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str
             f"measuring it with this tree's binary would compare one build with itself. Declare how the project "
             f"builds in place, in pyproject.toml: [tool.bench_core] build = \"python setup.py build_ext --inplace\" "
             f"(or --bench-build CMD); docs/compiled.md")
-    return _built(rev_root, label, commit, build, cache, current_root, code.differ)
+    return _built(rev_root, label, commit, build, cache, current_root, code.differ, where)
 
 
 # what else a build's output depends on, as the build tools read it from the environment (setuptools and
@@ -287,11 +289,13 @@ class Built:
     entry: Path
 
 
-def ensure_built(git_root: Path, tree: Path, commit: str, label: str, build: str, cache: Path) -> Built:
+def ensure_built(git_root: Path, tree: Path, commit: str, label: str, build: str, cache: Path,
+                 where: str = ".") -> Built:
     """`tree` (commit `commit` of the repository at `git_root`, extracted) given the extension modules `build`
     makes in place: copied from the cache where this tree, interpreter, torch and compiler built them before, else
-    built now (in `tree`, by this interpreter: first on PATH, and $PYTHON) and cached. CompiledError on failure."""
-    key = build_key(git_root, commit, build)
+    built now (in `tree`'s folder `where`, the project's, by this interpreter: first on PATH, and $PYTHON) and
+    cached. CompiledError on failure."""
+    key = build_key(git_root, commit, build if where in ("", ".") else f"cd {where} && {build}")
     entry, log = cache / key, cache / "logs" / f"{key}.log"
     manifest = entry / "manifest.json"
     if manifest.is_file():
@@ -305,7 +309,11 @@ def ensure_built(git_root: Path, tree: Path, commit: str, label: str, build: str
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     env.pop(CACHE_ENV, None)
     started = time.monotonic()
-    ran = children.run_logged(["/bin/sh", "-c", build], log, BUILD_LIMIT_S, tail_lines=3, cwd=str(tree), env=env,
+    cwd = tree / where
+    if not cwd.is_dir():
+        raise CompiledError(f"building {label} ({commit[:12]}): the project's folder {where} is not in its tree, so "
+                            f"its build ({build!r}) has nowhere to run")
+    ran = children.run_logged(["/bin/sh", "-c", build], log, BUILD_LIMIT_S, tail_lines=3, cwd=str(cwd), env=env,
                               start_new_session=True, ending=children.end_group)   # its compilers end with it
     seconds = time.monotonic() - started
     if ran.code != 0:
@@ -324,8 +332,8 @@ def ensure_built(git_root: Path, tree: Path, commit: str, label: str, build: str
 
 
 def _built(rev_root: Path, label: str, commit: str, build: str, cache: Path, current_root: Path,
-           differ: tuple[str, ...]) -> Prepared:
-    b = ensure_built(current_root, rev_root, commit, label, build, cache)
+           differ: tuple[str, ...], where: str = ".") -> Prepared:
+    b = ensure_built(current_root, rev_root, commit, label, build, cache, where)
     if b.cached:
         return Prepared("cached", b.files, f"compiled code differs in {label} ({_shown(differ)}): its side runs its "
                                            f"own build, made by an earlier run ({build!r}, cached in {b.entry}); "
