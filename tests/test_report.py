@@ -168,3 +168,15 @@ def test_an_interval_level_never_reads_100_percent():
     from bench_core.deciding.comparison import level_text
 
     assert [level_text(c) for c in (0.997, 0.9996, 0.999994, 1 - 1e-9)] == ["99.7%", "99.96%", "99.999%", "1 - 1e-09"]
+
+
+def test_a_wide_spread_says_its_cause_is_not_known_and_names_the_steps_threads_only_above_one():
+    """#48: samples of a 35 us step stalled at 16 ms in a process of two torch threads on a quiet machine, where the
+    warning said "likely a busy machine": a cause is named only where the run shows it, here none is."""
+    from bench_core.output.tables import sample_shape
+
+    spread = [1.0, 1.1, 0.9, 2.5, 1.0, 3.0, 0.8, 1.2]
+    for threads, own in ((1, False), (2, True), (None, True)):
+        text = sample_shape(spread, threads)
+        assert text.startswith("samples vary widely") and "why is not known from this run" in text
+        assert "likely" not in text and ("--bench-threads 1" in text) == own

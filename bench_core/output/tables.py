@@ -32,8 +32,9 @@ def sample_shape(samples: Sequence[float], threads: int | None = None) -> str | 
                 f"({hi / lo:.1f}x): likely {cause}; the median is one cluster's, not the code's")
     s = summarize(samples)
     if s.n >= 5 and s.cv is not None and s.cv > NOISY_CV:
-        return (f"samples vary widely (CV {s.cv:.0%}, min {ms_text(s.min)} ms, max {ms_text(s.max)} ms): likely a busy "
-                f"machine, frequency scaling or a cold cache; more repeats or a quieter runner")
+        own = "" if threads == 1 else ", the step's own threads (--bench-threads 1 tells)"
+        return (f"samples vary widely (CV {s.cv:.0%}, min {ms_text(s.min)} ms, max {ms_text(s.max)} ms): why is not "
+                f"known from this run (a busy machine, frequency scaling, a cold cache{own} can each do it)")
     return None
 
 
