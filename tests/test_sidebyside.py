@@ -217,10 +217,17 @@ def test_a_server_asked_to_quit_runs_its_exit_handlers_and_skips_the_interpreter
 
 
 def test_a_server_serves_each_round_from_a_freshly_forked_child_that_ends_with_its_round(tmp_path):
+    """Each round in a child of its own, ended with its round; the profiler passes in children of their own. The
+    test's first run (in a child too) calls the step once, which imports a module lazily, as an optimizer's first
+    use does (most of a second each round, built afresh in every child); the server then imports the same modules,
+    never running the step, so no round's child imports it again, as a fresh process has it by the time it
+    measures."""
     from bench_core.workflows.worker import Worker
 
-    init, spec = _worker_test(tmp_path, 'from bench_core import Scenario\n    '
-                                        'bench.run(Scenario("w", ("compute",)), lambda: time.sleep(0.002))')
+    (tmp_path / "lazy_mod.py").write_text(f"import os\nwith open({str(tmp_path / 'imports.log')!r}, 'a') as f:\n"
+                                          f"    f.write(str(os.getpid()) + '\\n')\n")
+    init, spec = _worker_test(tmp_path, "from bench_core import Scenario\n    def step():\n        import lazy_mod\n"
+                                        "        time.sleep(0.002)\n    bench.run(Scenario('w', ('compute',)), step)")
     children = []
     with Worker(init) as w:
         w.assign(spec)
@@ -247,33 +254,9 @@ def test_a_server_serves_each_round_from_a_freshly_forked_child_that_ends_with_i
         w.done()   # answered once the server has waited for the last profiling child
         assert not any(os.path.exists(f"/proc/{pid}/cmdline") for pid in profiled)
     assert w.proc.poll() is not None
-
-
-def test_what_the_first_run_imports_its_server_imports_so_no_round_child_imports_it_again(tmp_path):
-    """The test's first run (in a child) calls the step once, which imports a module lazily, as an optimizer's
-    first use does (most of a second each round, built afresh in every child); its server then imports the same
-    modules, never running the step, so each round's child starts with them loaded, as a fresh process has them
-    by the time it measures."""
-    from bench_core.workflows.worker import Worker
-
-    (tmp_path / "lazy_mod.py").write_text(f"import os\nwith open({str(tmp_path / 'imports.log')!r}, 'a') as f:\n"
-                                          f"    f.write(str(os.getpid()) + '\\n')\n")
-    init, spec = _worker_test(tmp_path, "from bench_core import Scenario\n    def step():\n        import lazy_mod\n"
-                                        "    bench.run(Scenario('w', ('compute',)), step)")
-    children = []
-    with Worker(init) as w:
-        w.assign(spec)
-        w.wait_ready()
-        for _ in range(2):
-            w.round()
-            children.append(w.child)
-            w.sample()
-            w.end_round()
-        w.done()
-        server = w.proc.pid
     importers = [int(line) for line in (tmp_path / "imports.log").read_text().split()]
-    assert len(importers) == 2 and importers[1] == server != importers[0]   # the first run's child, then the server
-    assert not set(importers) & set(children)
+    assert len(importers) == 2 and importers[1] == w.proc.pid != importers[0]   # the first run's child, the server
+    assert not set(importers) & {*children, *profiled}
 
 
 def test_a_round_child_builds_beside_the_other_and_samples_held_with_no_collection_of_its_servers_objects(tmp_path):
