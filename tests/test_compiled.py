@@ -341,8 +341,11 @@ def test_a_submodule_moved_from_the_revisions_commit_counts_as_changed_compiled_
 def test_a_build_past_its_limit_is_ended_with_everything_it_started(tmp_path):
     from bench_core.files.children import alive, end_group, run_logged
 
-    ran = run_logged(["/bin/sh", "-c", "sleep 60 & echo $!; wait"], tmp_path / "log", 0.5, start_new_session=True,
-                     ending=end_group)
+    # the shell waits for what it started once told to end (its trap): the compiler, ended beside it by the group's
+    # signal, is then reaped by the shell at once, not left to init, which reaped orphans 1.5 s late here; a shell
+    # ended alone would wait on the compiler, be killed, and leave it running
+    ran = run_logged(["/bin/sh", "-c", "trap wait TERM; sleep 60 & echo $!; wait"], tmp_path / "log", 0.5,
+                     start_new_session=True, ending=end_group)
     grandchild = int((tmp_path / "log").read_text().split()[0])
     assert ran.code is None and not alive(grandchild)   # the compiler a build's shell started, not only the shell
 

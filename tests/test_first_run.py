@@ -120,7 +120,7 @@ def test_a_child_run_to_its_end_says_its_exit_or_that_it_was_ended_at_its_limit_
                       30, tail_lines=1, ending=lambda proc: ended.append(proc.poll()))
     assert (done.code, done.tail, ended) == (3, "two", [3])   # ended (reaped) after a clean exit too
     hung = run_logged([sys.executable, "-c", "import os, time; print(os.getpid()); print('waiting', flush=True); "
-                                             "time.sleep(60)"], tmp_path / "b.log", 1)
+                                             "time.sleep(60)"], tmp_path / "b.log", 0.5)   # printed within 0.1 s
     pid, waiting = (tmp_path / "b.log").read_text().split()
     assert hung.code is None and hung.tail.endswith("waiting") and not alive(int(pid))
 
