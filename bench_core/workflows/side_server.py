@@ -40,7 +40,7 @@ class ServeState:
         self.signature = bool(init.get("signature"))   # count the step's work signature before serving it
         self.instructions: str | None = init.get("instructions")   # under callgrind: count, into this folder
         self.device: str = init.get("device") or "cpu"
-        self.step: tuple | None = None      # (fn, setup) of the item's first run, for a profiler pass
+        self.step: tuple | None = None      # (fn, setup) of the instance a profiler pass profiles
         self.requested: str | None = None   # the scenario the item under way is to serve
         self.purpose = "first"              # what this run of the item is for: "first" (count, report), a
                                             # "round", or a "profile" pass
@@ -117,9 +117,10 @@ def first_run(channel: Channel, name: str, sampler, *, pid: int, fork: bool, fil
               kept: list[str] = ()) -> str:
     """The item's first run (`first_of`), at its bench.run: said ("reached"), then on the parent's "go" (the other
     side's server has reached its own, see `Worker.assign`) `warm()` untimed (in a child: what the step's first call
-    imports, the server imports; a server that cannot fork: its rounds start warm), then `count()`, whose fields (the step's work signature) go to the parent with the "serving" line,
-    with the server's `pid` and `kept` (the fixtures every round reuses, see `serving.kept_fixtures`). Returns "served", "failed" (said),
-    or "quit" (the parent ended it, or is gone)."""
+    imports, the server imports; a server that cannot fork: its rounds start warm), then `count()`, whose fields
+    (the step's work signature) go to the parent with the "serving" line, with the server's `pid` and `kept` (the
+    fixtures every round reuses, see `serving.kept_fixtures`). Returns "served", "failed" (said), or "quit" (the
+    parent ended it, or is gone)."""
     channel.send({"reached": name})
     doc = channel.recv()
     if doc is None or doc.get("cmd") != "go":
