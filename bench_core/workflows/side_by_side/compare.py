@@ -108,9 +108,9 @@ def _pairs_said(pairs: int, a: AgainstConfig) -> str:
 def open_revision(session, root: Path, project: Path | None = None) -> None:
     """Extract --bench-against's revision and make it importable beside the current code; `project`: pytest's
     rootdir, whose counterpart in the revision's tree is where its build runs (a package in a subfolder of its
-    repository). (glibc malloc's
-    thresholds were pinned in this process at the session's start, `--bench-malloc`, as in process mode's servers,
-    so that a step that frees large blocks does not fault them in afresh on some calls and not others.)"""
+    repository). (glibc malloc's thresholds were pinned in this process at the session's start, `--bench-malloc`,
+    as in process mode's servers, so that a step that frees large blocks does not fault them in afresh on some
+    calls and not others.)"""
     from bench_core.workflows.side_by_side.revisions import LoadedRevision
 
     from bench_core.workflows.side_by_side import compiled
