@@ -62,21 +62,38 @@ def test_gc_is_off_inside_the_timed_window_only():
     assert gc.isenabled()
 
 
-def test_a_measurements_freeze_is_undone_after_it_and_a_freeze_it_found_is_kept():
-    from bench_core.timing.sampling import gc_frozen
+def test_a_measurements_freeze_is_undone_after_it_and_a_freeze_it_found_is_kept(monkeypatch):
+    from bench_core.timing import sampling
 
     gc.unfreeze()   # this suite freezes before each test (conftest); here, first, a process that froze nothing
+    monkeypatch.setattr(sampling, "_kept_frozen", False)
     try:
-        with gc_frozen():
+        with sampling.gc_frozen():
             assert gc.get_freeze_count() > 0
         assert gc.get_freeze_count() == 0
-        gc.freeze()   # a process that froze its objects itself (a pre-forking server) keeps them frozen
+        gc.freeze()   # a process that froze its objects itself keeps them frozen
         outer = gc.get_freeze_count()
-        with gc_frozen():
+        with sampling.gc_frozen():
             pass
         assert outer > 0 and gc.get_freeze_count() >= outer
     finally:
         gc.freeze()
+
+
+def test_a_freeze_kept_for_good_is_known_without_counting_the_frozen_objects(monkeypatch):
+    from bench_core.timing import sampling
+
+    monkeypatch.setattr(sampling, "_kept_frozen", False)
+    sampling.keep_frozen()   # a pre-forking server's freeze
+
+    def walk():
+        raise AssertionError("the frozen objects were counted")
+
+    monkeypatch.setattr(gc, "get_freeze_count", walk)
+    with sampling.gc_frozen():
+        pass
+    monkeypatch.undo()
+    assert gc.get_freeze_count() > 0   # kept after the measurement
 
 
 def test_cuda_per_call_gives_gpu_time_from_events_and_end_to_end_from_host():

@@ -49,15 +49,33 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+_kept_frozen = False   # this process froze what exists for good (`keep_frozen`), or a freeze was found
+
+
+def keep_frozen() -> None:
+    """Freeze every object that exists for the rest of this process: what a pre-forking server made
+    before its children, what a test session's earlier tests left. Not collected first: in a forked
+    child a full collection writes to every page it walks. Said here rather than asked of
+    `gc.get_freeze_count()`, which walks every frozen object (tens of milliseconds once torch is
+    imported) and was asked before every rounds loop."""
+    global _kept_frozen
+    gc.freeze()
+    _kept_frozen = True
+
+
 @contextmanager
 def gc_frozen() -> Iterator[None]:
     """Collect once, then freeze every object that exists: later collections (one per round of fresh
     instances) traverse only what was made since, so they cost microseconds instead of the ~80 ms a
-    full collection can take once torch is imported. A freeze that was there before (a pre-forking
-    server's, a test session's) is kept: `gc.unfreeze()` cannot tell its objects from ours, and undoing
-    it made every later measurement of that process pay a full collection (130 ms each, 17 s of this
-    project's test suite), so what this freeze added stays frozen with it."""
-    found = gc.get_freeze_count() > 0
+    full collection can take once torch is imported. A freeze that was there before (`keep_frozen`'s,
+    or one this process made itself) is kept: `gc.unfreeze()` cannot tell its objects from ours, and
+    undoing it would make every later measurement of that process pay a full collection again, so what
+    this freeze added stays frozen with it. A freeze found once is remembered, so the count, a walk over
+    every frozen object, is asked only while nothing is frozen, when it is cheap."""
+    global _kept_frozen
+    if not _kept_frozen and gc.get_freeze_count() > 0:
+        _kept_frozen = True
+    found = _kept_frozen
     gc.collect()
     gc.freeze()
     try:

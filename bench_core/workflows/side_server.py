@@ -15,7 +15,6 @@ process is then the unit.
 from __future__ import annotations
 
 import ctypes
-import gc
 import os
 import random
 import signal
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from bench_core.core.errors import ScenarioError
+from bench_core.timing.sampling import keep_frozen
 from bench_core.workflows.channel import Channel
 
 
@@ -227,7 +227,7 @@ def serve_rounds(state: ServeState, run_item: Callable[[], None], nodeid: str) -
             # what the server made is frozen out of the child's collections, as one process freezes what exists
             # before its rounds (`sampling.gc_frozen`): a collection that walked it would land in a sample
             # (docs/side-by-side.md) and write to the pages of every object it walked, which a forked child copies
-            gc.freeze()
+            keep_frozen()
             _scatter_heap(random.Random(int.from_bytes(os.urandom(8), "little")))
             # it builds beside the other side's child, on the CPUs near its own (`build_cpus`), and is held to
             # `cpus` before its first call (`serve_round`): held to one CPU from the start, the two builds take turns
