@@ -242,15 +242,52 @@ def test_planted(bench):
 '''
 
 
+@pytest.fixture(scope="module")
+def planted_passes(tmp_path_factory):
+    """Both diagnose passes of the test below, redacting and refusing, started at once: each a pytest process of its
+    own in a folder of its own, as `pytester.runpytest_subprocess` starts one (its environment, --basetemp, stdin
+    closed; a process of its own, so what reaches the file descriptors is seen too). On 2 cores the pair takes about
+    the time of one; each test reads only its own pass."""
+    import os
+    import subprocess
+    import sys
+
+    started = {}
+    for refuse in (False, True):
+        path = tmp_path_factory.mktemp("refuse" if refuse else "redact")
+        (path / "test_planted.py").write_text(PLANTED.format(secrets=SECRETS))
+        env = {**os.environ, "HOME": str(path), "USERPROFILE": str(path), "PY_COLORS": "0",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH", "")]))}
+        for name in ("PYTEST_ADDOPTS", "TOX_ENV_DIR"):
+            env.pop(name, None)
+        args = [sys.executable, "-mpytest", f"--basetemp={path / 'runpytest-0'}", "--bench-profile", "prof",
+                "--bench-repeats", "2", "--bench-profile-tensorboard", "-rA",
+                *(["--bench-profile-refuse-sensitive"] if refuse else [])]
+        out, err = (path / "stdout").open("w+", encoding="utf8"), (path / "stderr").open("w+", encoding="utf8")
+        started[refuse] = (path, subprocess.Popen(args, cwd=path, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                                  stderr=err), out, err)
+    yield started
+    for _, proc, out, err in started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+        err.close()
+
+
 @pytest.mark.parametrize("refuse", [False, True], ids=["redact", "refuse"])
-def test_no_planted_secret_reaches_any_file_or_line_a_diagnose_pass_produces(pytester, refuse):
-    pytester.makepyfile(test_planted=PLANTED.format(secrets=SECRETS))
-    args = ["--bench-profile", "prof", "--bench-repeats", "2", "--bench-profile-tensorboard", "-rA"]
-    res = pytester.runpytest_subprocess(*args, *(["--bench-profile-refuse-sensitive"] if refuse else []))
+def test_no_planted_secret_reaches_any_file_or_line_a_diagnose_pass_produces(planted_passes, refuse):
+    path, proc, out, err = planted_passes[refuse]
+    ret = proc.wait(timeout=300)
+    lines = []
+    for f in (out, err):
+        f.seek(0)
+        lines.append(f.read().splitlines())
+    res = pytest.RunResult(ret, *lines, duration=0.0)
     res.assert_outcomes(passed=1)
     shown = res.stdout.str() + res.stderr.str()
-    written = {p: p.read_text(errors="replace") for p in (pytester.path / "prof").rglob("*") if p.is_file()}
-    names = [str(p) for p in (pytester.path / "prof").rglob("*")]
+    written = {p: p.read_text(errors="replace") for p in (path / "prof").rglob("*") if p.is_file()}
+    names = [str(p) for p in (path / "prof").rglob("*")]
     for needle in NEEDLES:
         assert needle not in shown, f"{needle!r} printed"
         assert not [p for p, text in written.items() if needle in text], f"{needle!r} written"
