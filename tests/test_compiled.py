@@ -388,3 +388,57 @@ def test_a_build_runs_in_the_projects_folder_of_the_revisions_tree_and_a_missing
     assert ensure_built(repo, tree, "HEAD", "HEAD", build, tmp_path / "cache", where="python").cached
     with pytest.raises(CompiledError, match="the project's folder lib is not in its tree"):
         ensure_built(repo, tree, "HEAD", "HEAD", build, tmp_path / "cache2", where="lib")
+
+
+@pytest.fixture(scope="module")
+def other_python(tmp_path_factory):
+    """A second environment, as a user keeps one with another torch: a virtual environment of its own that reaches
+    this one's packages (torch, pytest, bench_core) through its site folder, so it is another interpreter to a
+    build (its prefix) while running the same code."""
+    import sysconfig
+    import venv
+    from pathlib import Path
+
+    folder = tmp_path_factory.mktemp("other-env")
+    venv.create(folder, with_pip=False)
+    python = folder / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "this_env.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    return python
+
+
+def test_one_tree_in_another_interpreter_gets_a_build_made_by_that_interpreter_in_a_copy(repo, other_python,
+                                                                                        tmp_path_factory):
+    """--bench-against-python alone on a project with compiled code: this tree's binary was built for this
+    interpreter, so with no build declared the run stops before measuring; with one, the other interpreter's side
+    runs a copy of this tree built by that interpreter (never this tree's binary, never a build in this tree), and
+    a second run builds nothing."""
+    res = repo.runpytest("--bench-against-python", str(other_python), "--bench-quick", "--bench-no-out")
+    assert res.ret != 0
+    res.stderr.fnmatch_lines([f"*the other interpreter's side runs in {other_python} (Python 3*, torch *), and this "
+                              f"tree runs extension modules built for this interpreter (fastpkg/_fast*"
+                              f"[[]tool.bench_core[]] build = *"])
+    counter = tmp_path_factory.mktemp("counted") / "builds.txt"
+    build = f"echo $PYTHON >> {counter} && {BUILD}"
+    mine = sorted(p.stat().st_mtime_ns for p in (repo.path / "fastpkg").glob("_fast*"))
+    for run in range(2):
+        res = repo.runpytest("--bench-against-python", str(other_python), "--bench-quick", "--bench-out", "out",
+                             "--bench-malloc", "pinned", "--bench-build", build)
+        res.assert_outcomes(passed=1)
+        res.stdout.fnmatch_lines([f"*compiled code is built per interpreter, and the other interpreter's side runs "
+                                  f"in {other_python}*"])
+        rec = _record(repo)
+        assert rec["code"]["compiled"]["how"] == ("built", "cached")[run]
+        assert rec["comparison"]["ratio"] == pytest.approx(1.0, rel=0.05)
+        ran = {side: [f for f in rec["code"]["processes_ran"][side][0]["files"] if "_fast" in f]
+               for side in ("baseline", "candidate")}
+        assert ran["candidate"][0].startswith(str(repo.path)) and not ran["baseline"][0].startswith(str(repo.path))
+        assert rec["code"]["processes_ran"]["baseline"][0]["interpreter"] == str(other_python)
+    # a revision in that interpreter: its tree built by it too (another tree, so another build)
+    res = repo.runpytest("--bench-against", "HEAD", "--bench-against-python", str(other_python), "--bench-quick",
+                         "--bench-out", "out", "--bench-malloc", "pinned", "--bench-build", build)
+    res.assert_outcomes(passed=1)
+    assert _record(repo)["code"]["compiled"]["how"] == "built"
+    assert counter.read_text().split() == [str(other_python)] * 2
+    assert sorted(p.stat().st_mtime_ns for p in (repo.path / "fastpkg").glob("_fast*")) == mine   # built elsewhere

@@ -99,8 +99,9 @@ def comparison_lines(s) -> list[str]:
         lines.append(f"in the baseline but not run now: {', '.join(missing)}")
     if s.revision is not None:
         commit = s.revision.revision.commit
-        lines.append(f"baseline = {s.revision.revision.label} ({commit[:12] if commit else 'no commit'}); "
-                     f"current = {s.revision.current.describe()}")
+        python = s.config.against.python
+        lines.append(f"baseline = {s.revision.revision.label} ({commit[:12] if commit else 'no commit'})"
+                     f"{f' in {python}' if python else ''}; current = {s.revision.current.describe()}")
         if s.revision.compiled is not None:
             lines.append(s.revision.compiled.said)
         methods: dict[str, list[str]] = {}

@@ -106,11 +106,12 @@ def _pairs_said(pairs: int, a: AgainstConfig) -> str:
 
 
 def open_revision(session, root: Path, project: Path | None = None) -> None:
-    """Extract --bench-against's revision and make it importable beside the current code; `project`: pytest's
-    rootdir, whose counterpart in the revision's tree is where its build runs (a package in a subfolder of its
-    repository). (glibc malloc's thresholds were pinned in this process at the session's start, `--bench-malloc`,
-    as in process mode's servers, so that a step that frees large blocks does not fault them in afresh on some
-    calls and not others.)"""
+    """Extract --bench-against's revision and make it importable beside the current code, and give its tree the
+    compiled code its side runs (built by --bench-against-python's interpreter, when given; with no revision, in a
+    copy of this tree); `project`: pytest's rootdir, whose counterpart in the revision's tree is where its build
+    runs (a package in a subfolder of its repository). (glibc malloc's thresholds were pinned in this process at
+    the session's start, `--bench-malloc`, as in process mode's servers, so that a step that frees large blocks
+    does not fault them in afresh on some calls and not others.)"""
     from bench_core.workflows.side_by_side.revisions import LoadedRevision
 
     from bench_core.workflows.side_by_side import compiled
@@ -118,24 +119,24 @@ def open_revision(session, root: Path, project: Path | None = None) -> None:
     c = session.config   # its stored baselines and references are data, not code: they never make the tree dirty
     own = [p if p.suffix == "" else p.parent for p in (c.results_dir, c.history) if isinstance(p, Path)]
     session.revision = loaded = LoadedRevision(root, c.against.rev, data=(c.baselines_dir, c.references_dir, *own))
-    if c.against.rev is None:   # one tree in two interpreters: no second tree to give binaries to
-        return
+    python = compiled.Interpreter.of(c.against.python) if c.against.python else None
     try:
-        code = compiled.survey(loaded.current_root, loaded.root, loaded.revision.commit)
+        code = (compiled.survey_tree(loaded.current_root) if c.against.rev is None else
+                compiled.survey(loaded.current_root, loaded.root, loaded.revision.commit))
     except OSError as exc:   # git could not list the trees
         raise compiled.CompiledError(f"the trees' compiled code could not be listed: {exc}") from None
-    if code.present and c.against.python:
-        raise compiled.CompiledError(
-            f"the project has compiled code ({', '.join((code.built or code.sources)[:2])}), and --bench-against-python "
-            f"runs {c.against.rev}'s side in another interpreter, for which no build is made here: compare the "
-            f"revisions in one environment, or the environments on one tree (--bench-against-python alone)")
-    if code.present:   # before any scenario: a revision that cannot get binaries of its own stops the run here
-        cache = compiled.cache_folder(loaded.current_root / ".bench" / "builds")
-        ignored_by_git(cache)
-        top, here = loaded.current_root.resolve(), Path(project or root).resolve()
-        where = here.relative_to(top).as_posix() if here.is_relative_to(top) else "."
-        loaded.compiled = compiled.prepare(code, loaded.current_root, loaded.root, loaded.revision.label,
-                                           loaded.revision.commit, c.against.build, cache, where)
+    if not code.present or (c.against.rev is None and python.runs_builds_of(compiled.Interpreter.this())):
+        return   # (one tree, and an interpreter that runs this one's builds: both sides run the same binaries)
+    label, tree = loaded.revision.label, None
+    if c.against.rev is None:   # one tree in two interpreters: the other's side gets a copy to build in
+        loaded.use_copy()
+        label, tree = "the other interpreter", f"{loaded.current.commit}:{loaded.current.diff_sha256}"
+    cache = compiled.cache_folder(loaded.current_root / ".bench" / "builds")
+    ignored_by_git(cache)
+    top, here = loaded.current_root.resolve(), Path(project or root).resolve()
+    where = here.relative_to(top).as_posix() if here.is_relative_to(top) else "."
+    loaded.compiled = compiled.prepare(code, loaded.current_root, loaded.root, label, loaded.revision.commit or "",
+                                       c.against.build, cache, where, python, tree)
 
 
 def worker_pool(session):

@@ -48,6 +48,57 @@ class CompiledError(BenchError):
     """The revision's side cannot get binaries of its own: the message says which files and what to do."""
 
 
+# what an interpreter says of itself, for a build: an extension module is built against one Python and one torch
+_FACTS = """import importlib.metadata, importlib.util, os, sys
+try:
+    torch = importlib.metadata.version("torch")
+except importlib.metadata.PackageNotFoundError:
+    torch = None
+spec = importlib.util.find_spec("torch")
+at = os.path.realpath(spec.origin) if spec is not None and spec.origin else None
+facts = [sys.executable, os.path.realpath(sys.prefix), sys.version, torch, at]
+"""
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """The interpreter a side imports its extension modules in, as far as a build depends on it: its environment
+    (prefix), Python's version and build, and the torch it imports (version and files: an extension compiled
+    against one torch's headers and libraries may fail to load, or misbehave, in another)."""
+
+    executable: str
+    prefix: str
+    python: str
+    torch: str | None
+    torch_at: str | None
+
+    @classmethod
+    def this(cls) -> "Interpreter":
+        found: dict = {}
+        exec(_FACTS, found)   # noqa: S102 - our own constant, the same text another interpreter runs
+        return cls(*found["facts"])
+
+    @classmethod
+    def of(cls, python: str) -> "Interpreter":
+        """What `python` says of itself; CompiledError where it does not run."""
+        try:
+            out = subprocess.run([python, "-c", _FACTS + "print(__import__('json').dumps(facts))"],
+                                 capture_output=True, text=True, timeout=120)
+            return cls(*json.loads(out.stdout.strip().splitlines()[-1]))
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError, TypeError):
+            raise CompiledError(f"the interpreter {python} could not say which Python and torch it runs (is it a "
+                                f"Python executable?), so no build can be made for it") from None
+
+    def runs_builds_of(self, other: "Interpreter") -> bool:
+        """Whether a module built for `other` is one built for this interpreter too: the same environment, Python
+        and torch."""
+        return (self.prefix, self.python, self.torch, self.torch_at) == (other.prefix, other.python, other.torch,
+                                                                          other.torch_at)
+
+    def said(self) -> str:
+        return f"{self.executable} (Python {self.python.split()[0]}, torch {self.torch or 'not installed'})"
+
+
 def is_extension(rel: str) -> bool:
     return Path(rel).name.endswith(EXTENSION_SUFFIXES)
 
@@ -142,6 +193,14 @@ def survey(current_root: Path, rev_root: Path, commit: str) -> CompiledCode:
                         of_sources)
 
 
+def survey_tree(root: Path) -> CompiledCode:
+    """The compiled code of the work tree at `root` alone: its side in another interpreter runs the same sources."""
+    here = _listing(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    sources = sorted(rel for rel in here if _source(rel))
+    digest = hashlib.sha256(json.dumps([(rel, _digest(root / rel)) for rel in sources]).encode()).hexdigest()[:16]
+    return CompiledCode(tuple(built_in(root)), tuple(sources), (), (digest, digest))
+
+
 def _submodules_moved(root: Path, commit: str) -> list[str]:
     """Submodules whose checkout here is not the commit the revision records (or has changes of its own): their
     compiled sources are not listed above, and may be what a build is made of."""
@@ -187,14 +246,21 @@ def _shown(files: Iterable[str], n: int = 4) -> str:
 
 
 def prepare(code: CompiledCode, current_root: Path, rev_root: Path, label: str, commit: str, build: str | None,
-            cache: Path, where: str = ".") -> Prepared:
+            cache: Path, where: str = ".", python: Interpreter | None = None, tree: str | None = None) -> Prepared:
     """Give the revision's tree at `rev_root` the compiled code its side runs, or raise CompiledError. `where`: the
     project's folder inside the repository (pytest's rootdir, whose pyproject.toml declares the build), where the
-    revision's build runs."""
-    return replace(_prepared(code, current_root, rev_root, label, commit, build, cache, where),
+    revision's build runs. `python`: the interpreter the revision's side runs in, where it is not this one (its
+    build made by it); `tree`: what the revision's tree is, for the cache (default: `commit`'s git tree)."""
+    other = python is not None and not python.runs_builds_of(Interpreter.this())
+    digests = code.digests
+    if other:   # its just-in-time builds in a folder of that interpreter's own
+        digests = (digests[0], hashlib.sha256(json.dumps([digests[1], python.prefix, python.python, python.torch,
+                                                          python.torch_at]).encode()).hexdigest()[:16])
+    return replace(_prepared(code, current_root, rev_root, label, commit, build, cache, where,
+                             python if other else None, tree),
                    why=f"the project has compiled code ({_shown(code.built or code.sources, 2)}), and one process "
                        f"cannot hold two builds of one extension module",
-                   sources=code.digests,
+                   sources=digests,
                    cache=str(cache))
 
 
@@ -209,7 +275,7 @@ def _stale(code: CompiledCode, root: Path) -> list[str]:
 
 
 def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str, commit: str, build: str | None,
-              cache: Path, where: str = ".") -> Prepared:
+              cache: Path, where: str = ".", python: Interpreter | None = None, tree: str | None = None) -> Prepared:
     stale = _stale(code, current_root)
     if stale:
         raise CompiledError(f"this tree's built {_shown(code.built)} is older than its source {_shown(stale)}, "
@@ -224,6 +290,18 @@ def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str
               ", nothing built ahead of time in this tree"
         return Prepared("own", (), f"compiled code: {why}: each side's process compiles its own (just-in-time "
                                    f"extensions in a build folder of each side's own)")
+    if python is not None:   # built here for this interpreter: the other needs a build of its own, sources alike
+        if not build:
+            raise CompiledError(
+                f"{label}'s side runs in {python.said()}, and this tree runs extension modules built for this "
+                f"interpreter ({_shown(code.built)}): that side needs a build of its own, made by its interpreter, "
+                f"and a binary built against another Python or torch may fail to load or misbehave. Declare how the "
+                f"project builds in place, in pyproject.toml: [tool.bench_core] build = \"python setup.py build_ext "
+                f"--inplace\" (or --bench-build CMD); docs/compiled.md")
+        why = (f"compiled code differs in {label} ({_shown(code.differ)}) and it runs in another interpreter"
+               if code.differ else f"compiled code is built per interpreter, and {label}'s side runs in "
+                                   f"{python.said()}")
+        return _built(rev_root, label, commit, build, cache, current_root, why, where, python, tree)
     if not code.differ:
         for rel in code.built:
             _copy(current_root / rel, rev_root / rel)
@@ -237,7 +315,8 @@ def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str
             f"measuring it with this tree's binary would compare one build with itself. Declare how the project "
             f"builds in place, in pyproject.toml: [tool.bench_core] build = \"python setup.py build_ext --inplace\" "
             f"(or --bench-build CMD); docs/compiled.md")
-    return _built(rev_root, label, commit, build, cache, current_root, code.differ, where)
+    return _built(rev_root, label, commit, build, cache, current_root,
+                  f"compiled code differs in {label} ({_shown(code.differ)})", where)
 
 
 # what else a build's output depends on, as the build tools read it from the environment (setuptools and
@@ -247,18 +326,14 @@ BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED
              "TORCH_EXTENSIONS_DIR")
 
 
-def build_key(root: Path, commit: str, build: str) -> str:
-    """A build's cache key: the revision's tree, this interpreter, torch's version, the compiler, the command, and
-    the build environment (`BUILD_ENV`) as set: a cached binary is never one built with other flags."""
-    tree = git.output(root, "rev-parse", f"{commit}^{{tree}}") or commit
-    try:
-        from importlib.metadata import version
-
-        torch = version("torch")
-    except Exception:  # noqa: BLE001 - not installed: part of the key all the same
-        torch = None
+def build_key(root: Path, commit: str, build: str, python: Interpreter | None = None, tree: str | None = None) -> str:
+    """A build's cache key: the revision's tree (`tree`, else `commit`'s git tree), the interpreter that builds it
+    (`python`, else this one: its environment, Python and torch), the compiler, the command, and the build
+    environment (`BUILD_ENV`) as set: a cached binary is never one built with other flags or for another torch."""
+    tree = tree or git.output(root, "rev-parse", f"{commit}^{{tree}}") or commit
+    py = python or Interpreter.this()
     env = {name: os.environ[name] for name in BUILD_ENV if name in os.environ}
-    parts = [tree, sys.executable, sys.version, torch, compiler(), build, env]
+    parts = [tree, py.executable, py.prefix, py.python, py.torch, py.torch_at, compiler(), build, env]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
 
 
@@ -290,12 +365,12 @@ class Built:
 
 
 def ensure_built(git_root: Path, tree: Path, commit: str, label: str, build: str, cache: Path,
-                 where: str = ".") -> Built:
-    """`tree` (commit `commit` of the repository at `git_root`, extracted) given the extension modules `build`
-    makes in place: copied from the cache where this tree, interpreter, torch and compiler built them before, else
-    built now (in `tree`'s folder `where`, the project's, by this interpreter: first on PATH, and $PYTHON) and
-    cached. CompiledError on failure."""
-    key = build_key(git_root, commit, build if where in ("", ".") else f"cd {where} && {build}")
+                 where: str = ".", python: Interpreter | None = None, tree_id: str | None = None) -> Built:
+    """`tree` (commit `commit` of the repository at `git_root`, extracted; or a copy of the work tree, `tree_id`
+    saying what it holds) given the extension modules `build` makes in place: copied from the cache where this
+    tree, interpreter, torch and compiler built them before, else built now (in `tree`'s folder `where`, the
+    project's, by `python` or this interpreter: first on PATH, and $PYTHON) and cached. CompiledError on failure."""
+    key = build_key(git_root, commit, build if where in ("", ".") else f"cd {where} && {build}", python, tree_id)
     entry, log = cache / key, cache / "logs" / f"{key}.log"
     manifest = entry / "manifest.json"
     if manifest.is_file():
@@ -303,10 +378,11 @@ def ensure_built(git_root: Path, tree: Path, commit: str, label: str, build: str
         for rel in doc["files"]:
             _copy(entry / "files" / rel, tree / rel)
         return Built(tuple(doc["files"]), True, None, doc.get("log", str(log)), entry)
-    tracked = set(_listing(git_root, "ls-tree", "-r", "-z", "--name-only", commit))
+    before = _extensions(tree)   # what the tree held before its build (tracked binaries): not what it built
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHON": sys.executable,
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    executable = python.executable if python is not None else sys.executable
+    env = {**os.environ, "PYTHON": executable,
+           "PATH": os.pathsep.join([str(Path(executable).parent), os.environ.get("PATH", "")])}
     env.pop(CACHE_ENV, None)
     started = time.monotonic()
     cwd = tree / where
@@ -319,7 +395,7 @@ def ensure_built(git_root: Path, tree: Path, commit: str, label: str, build: str
     if ran.code != 0:
         what = f"ran past {BUILD_LIMIT_S:g} s and was ended" if ran.code is None else f"failed (exit {ran.code})"
         raise CompiledError(f"building {label} ({commit[:12]}) with {build!r} {what}; its log is {log}: {ran.tail}")
-    files = sorted(rel for rel in _walk(tree) if is_extension(rel) and rel not in tracked)
+    files = sorted(rel for rel, stamp in _extensions(tree).items() if before.get(rel) != stamp)
     if not files:
         raise CompiledError(f"building {label} ({commit[:12]}) with {build!r} built no extension module inside its "
                             f"tree (log: {log}): the build command must build in place (python setup.py build_ext "
@@ -331,17 +407,25 @@ def ensure_built(git_root: Path, tree: Path, commit: str, label: str, build: str
     return Built(tuple(files), False, seconds, str(log), entry)
 
 
-def _built(rev_root: Path, label: str, commit: str, build: str, cache: Path, current_root: Path,
-           differ: tuple[str, ...], where: str = ".") -> Prepared:
-    b = ensure_built(current_root, rev_root, commit, label, build, cache, where)
+def _built(rev_root: Path, label: str, commit: str, build: str, cache: Path, current_root: Path, why: str,
+           where: str = ".", python: Interpreter | None = None, tree: str | None = None) -> Prepared:
+    b = ensure_built(current_root, rev_root, commit, label, build, cache, where, python, tree)
     if b.cached:
-        return Prepared("cached", b.files, f"compiled code differs in {label} ({_shown(differ)}): its side runs its "
-                                           f"own build, made by an earlier run ({build!r}, cached in {b.entry}); "
-                                           f"nothing built", log=b.log)
-    return Prepared("built", b.files, f"compiled code differs in {label} ({_shown(differ)}): its side runs its own "
-                                      f"build ({build!r}: {_shown(b.files)}), built in {b.seconds:.1f} s outside "
-                                      f"every timed window; cached for the next run in {b.entry}",
-                    build_s=b.seconds, log=b.log)
+        return Prepared("cached", b.files, f"{why}: its side runs its own build, made by an earlier run ({build!r}, "
+                                           f"cached in {b.entry}); nothing built", log=b.log)
+    return Prepared("built", b.files, f"{why}: its side runs its own build ({build!r}: {_shown(b.files)}), built in "
+                                      f"{b.seconds:.1f} s outside every timed window; cached for the next run in "
+                                      f"{b.entry}", build_s=b.seconds, log=b.log)
+
+
+def _extensions(tree: Path) -> dict[str, tuple[int, int]]:
+    """The extension modules in `tree`, each with its size and modification time."""
+    out = {}
+    for rel in _walk(tree):
+        if is_extension(rel):
+            st = (tree / rel).stat()
+            out[rel] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 def _walk(root: Path) -> Iterable[str]:

@@ -123,6 +123,25 @@ def snapshot(root: Path, rev: Revision, into: Path) -> Path:
     return into
 
 
+def working_copy(root: Path, into: Path) -> Path:
+    """This tree as it is now, under `into`: every file git tracks (each submodule's too) as it is here, edits
+    included, and the new files git does not ignore, copied; what git does not track is then linked as `snapshot`
+    links it (data shared, code and builds each side's own). For a side that runs this tree's code in another
+    interpreter, whose compiled modules are built in that copy."""
+    tracked = _git(root, "ls-files", "-z", "--cached", "--recurse-submodules")
+    new = _git(root, "ls-files", "-z", "--others", "--exclude-standard")
+    for out in (tracked, new):
+        if out.returncode != 0:
+            raise RevisionError(f"copying this tree ({root}) failed at git ls-files: {out.stderr.strip()}")
+    for rel in sorted({p for out in (tracked, new) for p in out.stdout.split("\0") if p}):
+        source, target = Path(root) / rel, Path(into) / rel
+        if source.is_symlink() or source.is_file():   # a file deleted here is not in the copy either
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target, follow_symlinks=False)
+    link_untracked(Path(root), Path(into))
+    return into
+
+
 def _checkout(repo: Path, commit: str, into: Path, label: str) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_core-index-") as tmp:
         index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}   # a private index: the user's stays untouched
@@ -403,6 +422,12 @@ class LoadedRevision:
         self.root = snapshot(self.current_root, self.revision, Path(self._tmp.name))
         self.importer = RevisionImporter(self.root, search_roots(self.current_root, self.root, sys_path),
                                          self.revision.commit[:12]).install()
+
+    def use_copy(self) -> None:
+        """This tree compared with itself in another interpreter gets a copy of its own for that side (its
+        compiled modules built there); `self.revision` stays this tree."""
+        self._tmp = tempfile.TemporaryDirectory(prefix="bench_core-copy-")
+        self.root = working_copy(self.current_root, Path(self._tmp.name))
 
     def counterpart(self, current_file: Path) -> Path:
         """The file of REV at the place `current_file` has in the current tree."""
