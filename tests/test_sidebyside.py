@@ -185,6 +185,8 @@ def test_a_server_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needl
     from bench_core.workflows.worker import Worker
 
     init, spec = _worker_test(tmp_path, body)
+    (tmp_path / "tmp").mkdir()
+    init["env"]["TMPDIR"] = str(tmp_path / "tmp")
     w = Worker(init, timeout_s=3)
     w.assign(spec)
     with pytest.raises(ScenarioError, match=needle):
@@ -193,6 +195,7 @@ def test_a_server_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needl
         assert w.proc.poll() is None
         w.close()
     assert w.proc.poll() is not None          # ended, not left behind
+    assert list((tmp_path / "tmp").iterdir()) == []   # nor a file of its own, ended in its first run
 
 
 def test_a_server_asked_to_quit_runs_its_exit_handlers_and_skips_the_interpreters_teardown(tmp_path):

@@ -143,10 +143,10 @@ def first_of(state: ServeState, run_item: Callable[[], None], nodeid: str) -> st
     imported (its fixtures, its step's first call) are then imported here, so that each round's child starts with
     them loaded, as a fresh process has them by the time it measures: built afresh in every child, an optimizer's
     lazy imports alone took most of a second a round."""
-    def first(imported: str | None = None) -> int:
+    def first(imported: int | None = None) -> int:
         run_item()
         if imported is not None:
-            Path(imported).write_text("\n".join(sorted(sys.modules)))
+            os.write(imported, "\n".join(sorted(sys.modules)).encode())
         if state.ended_by == "quit":
             return _QUIT_STATUS
         if state.ended_by == "failed":   # said already
@@ -159,13 +159,11 @@ def first_of(state: ServeState, run_item: Callable[[], None], nodeid: str) -> st
     if not state.fork:
         code = first()
         return {0: "served", _QUIT_STATUS: "quit"}.get(code, "said")
-    fd, imported = tempfile.mkstemp(prefix="bench-core-modules-", suffix=".txt")
-    os.close(fd)
-    try:
-        status = _in_child(lambda: first(imported), failed=_FAILED_STATUS)
-        _import_as(Path(imported).read_text().split())
-    finally:
-        os.unlink(imported)
+    # the child's word on what it imported, in a file with no name (a process killed here leaves nothing behind)
+    with tempfile.TemporaryFile() as imported:
+        status = _in_child(lambda: first(imported.fileno()), failed=_FAILED_STATUS)
+        imported.seek(0)
+        _import_as(imported.read().decode().split())
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     if code in (0, _QUIT_STATUS, _SAID_STATUS):
         return {0: "served", _QUIT_STATUS: "quit"}.get(code, "said")
