@@ -217,9 +217,12 @@ def _spec(builder, **kw):
 
 @pytest.fixture
 def no_rank_left():
-    before = _rank_pids()
+    import tempfile
+
+    before, logs = _rank_pids(), set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
     yield
     assert _rank_pids() - before == set(), "a rank process outlived its launch"
+    assert set(Path(tempfile.gettempdir()).glob("torchelastic_*")) - logs == set(), "the launcher left its logs"
 
 
 def test_a_rank_that_raises_fails_the_scenario_with_its_traceback(no_rank_left):

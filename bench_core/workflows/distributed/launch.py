@@ -104,8 +104,9 @@ def port_free(host: str, port: int) -> bool:
 
 
 def launch_command(topology: Topology, spec_path: Path, rdzv_id: str) -> list[str]:
+    # its log folder in the launch's own (else the launcher leaves a torchelastic_* folder in the temp folder a run)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(topology.nproc),
-           "--max-restarts", "0", "--monitor-interval", "0.2"]
+           "--max-restarts", "0", "--monitor-interval", "0.2", "--log-dir", str(spec_path.parent / "elastic")]
     if topology.endpoint is None:
         cmd += ["--standalone"]
     else:
