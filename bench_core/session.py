@@ -78,6 +78,7 @@ class SessionConfig:
     group_by: str | None = None        # pytest-benchmark's --benchmark-group-by: a results table per group
     concurrent: str | None = None      # why this process shares its cores with other tests (pytest-xdist): refused
     shard: tuple[int, int] | None = None   # this runner's part K of N of the suite (--bench-shard), merged later
+    shard_durations: Path | None = None    # the test durations the shards are dealt by (--bench-shard-durations)
 
     def __post_init__(self):
         self.mode   # an impossible combination is refused now, before anything runs

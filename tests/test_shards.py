@@ -41,13 +41,13 @@ def test_the_shards_of_a_split_are_disjoint_cover_it_and_balance_known_durations
             shards.parse(bad)
 
 
-def _run_shards(pytester, n, tag, slow=()):
+def _run_shards(pytester, n, tag, slow=(), args=(), sizes=None):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_zoo=SUITE.format(n=24, slow=set(slow) or "set()"))
     files = []
     for k in range(1, n + 1):
-        res = pytester.runpytest("--bench-shard", f"{k}/{n}", "--bench-out", f"{tag}{k}", "-p", "no:randomly")
-        res.assert_outcomes(passed=len([i for i in range(24) if i % n == k - 1]) or None)
+        res = pytester.runpytest("--bench-shard", f"{k}/{n}", "--bench-out", f"{tag}{k}", "-p", "no:randomly", *args)
+        res.assert_outcomes(passed=(sizes[k - 1] if sizes else len([i for i in range(24) if i % n == k - 1])) or None)
         (f,) = (pytester.path / f"{tag}{k}").glob("session-*.json")
         files.append(f)
     return files
@@ -109,3 +109,39 @@ def test_a_shard_stores_and_decides_nothing_alone_and_an_empty_shard_still_write
     res = pytester.runpytest("--bench-shard", "1/2", "--bench-compare", "main")
     assert res.ret == 4
     res.stderr.fnmatch_lines(["*--bench-shard 1/2 runs a part of the suite*bench-core merge*"])
+
+
+def test_shards_dealt_by_the_durations_a_merge_writes_and_shards_of_other_durations_are_another_split(pytester):
+    """Every shard times its tests; `bench-core merge --durations FILE` writes them; a run given FILE deals its
+    tests by it (here three long tests that round robin puts in one shard: one a shard) and says so, and a shard
+    dealt by other durations is of another split, which the merge refuses; a FILE that is not one is named."""
+    from bench_core.shells.cli import main
+
+    files = _run_shards(pytester, 3, "rr")
+    docs = [json.loads(f.read_text()) for f in files]
+    assert {d["shard"]["balanced"] for d in docs} == {"round robin"}
+    timed = {t: v for d in docs for t, v in d["shard"]["durations"].items()}
+    assert len(timed) == 24 and min(timed.values()) > 0
+    durations = pytester.path / "durations.json"
+    assert main(["merge", *map(str, files), "--out", str(pytester.path / "m.json"), "--durations",
+                 str(durations)]) == 0
+    assert json.loads(durations.read_text()) == pytest.approx(timed, abs=1e-4)
+
+    ids = sorted(timed)
+    rr = shards.assign(ids, 3)
+    long = [t for t in ids if rr[t] == 1][:3]
+    durations.write_text(json.dumps({t: 100.0 if t in long else 1.0 for t in ids}))
+    dealt = shards.assign(ids, 3, json.loads(durations.read_text()))
+    by = _run_shards(pytester, 3, "by", args=("--bench-shard-durations", "durations.json"),
+                     sizes=[sum(1 for t in ids if dealt[t] == k) for k in (1, 2, 3)])
+    ran = [json.loads(f.read_text())["shard"] for f in by]
+    assert sorted(sum(t in long for t in r["durations"]) for r in ran) == [1, 1, 1]
+    assert ran[0]["balanced"] == "by the durations in " + str(durations) + " (24 of 24 tests known)"
+    assert len({r["split"] for r in ran}) == 1 and ran[0]["split"] != docs[0]["shard"]["split"]
+    assert main(["merge", str(by[0]), str(by[1]), str(files[2]), "--out", str(pytester.path / "x.json")]) == 2
+
+    durations.write_text("[1, 2]")
+    res = pytester.runpytest("--bench-shard", "1/3", "--bench-shard-durations", "durations.json", "--bench-no-out")
+    assert res.ret == 4
+    res.stderr.fnmatch_lines([f"*--bench-shard-durations: {durations}: the shards' durations file must map test ids "
+                              f"to seconds*"])

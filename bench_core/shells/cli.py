@@ -232,12 +232,18 @@ def cmd_merge(ns) -> int:
 
     try:
         doc = shards.merge([Path(p) for p in ns.sessions])
+        if ns.durations:   # read before anything is written: a file that is not one stops the merge whole
+            shards.read_durations(Path(ns.durations))
         path = shards.write_merged(doc, Path(ns.out))
+        timed = shards.write_durations(doc, Path(ns.durations)) if ns.durations else None
     except (BenchError, ValueError) as exc:
         print(f"bench_core merge: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"{doc['merged']['count']} shards, {len(doc['results'])} scenario(s) ({len(doc['errors'])} failed) merged "
           f"into {path}; gate it as one: bench-core compare BASELINE {path}")
+    if timed is not None:
+        print(f"{timed} test durations written into {ns.durations}: commit it, and the next runs deal their shards "
+              f"by it ({opt.SHARD_DURATIONS} {ns.durations}, or shard_durations in [tool.bench_core])")
     return EXIT_OK
 
 
@@ -246,6 +252,8 @@ def _merge_parser(sub) -> None:
                                       "one session, which a gate decides as one family")
     mg.add_argument("sessions", nargs="+", help="the shards' session files")
     mg.add_argument("--out", required=True, help="the merged session file to write (never over one that is there)")
+    mg.add_argument("--durations", metavar="FILE", help="also write each test's duration into FILE (updated in "
+                                                        "place), for the next runs' --bench-shard-durations")
     mg.set_defaults(func=cmd_merge)
 
 

@@ -78,7 +78,7 @@ AGAINST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS = ("--bench-against", "--bench-
 NPROC, NNODES, NODE_RANK, RDZV = "--bench-nproc", "--bench-nnodes", "--bench-node-rank", "--bench-rdzv-endpoint"
 PB_JSON, REF_SAVE, REFS, REPLICA = "--bench-pb-json", "--bench-ref-save", "--bench-references", "--bench-replica"
 AGAINST_PROCESSES, AGAINST_PYTHON, SERVE = "--bench-against-processes", "--bench-against-python", "--bench-serve"
-BUILD, SHARD = "--bench-build", "--bench-shard"
+BUILD, SHARD, SHARD_DURATIONS = "--bench-build", "--bench-shard", "--bench-shard-durations"
 MALLOC, PB_FIXTURE = "--bench-malloc", "--bench-pb-fixture"
 CACHE, GRAPH = "--bench-cache", "--bench-graph"
 PROFILE, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK = ("--bench-profile", "--bench-profile-shapes",
@@ -109,6 +109,10 @@ def _against_options() -> tuple[Option, ...]:
         Option(SHARD, "run only this runner's part K of N of the collected tests (stable, disjoint; each shard's "
                       "session file says which part it is); join the shards with bench-core merge and gate the "
                       "merged session as one (docs/ci.md)", str, metavar="K/N"),
+        Option(SHARD_DURATIONS, "with --bench-shard: deal the tests by the durations in FILE (test id -> seconds, as "
+                                "bench-core merge --durations writes it; kept in the repository, so every runner "
+                                "reads the same), the longest first, each to the least loaded shard; round robin "
+                                "while FILE is not there", str, metavar="FILE"),
         Option(SERVE, "(used by --bench-against's process mode) serve test items to the process that started this "
                       "one, over pipe descriptors R,W", str, metavar="R,W"),
         Option(MAX_ROUNDS, "with --bench-against: a possible change the first look leaves undecided runs on, a look "
@@ -235,12 +239,13 @@ def _gpu_options() -> tuple[Option, ...]:
 # what a team sets once, in pyproject.toml's [tool.bench_core] (the command line wins)
 SETTINGS = (WARMUP, REPEATS, THREADS, MALLOC, PB_FIXTURE, OUT, BASELINES, HISTORY, REFS, TIMEOUT, STRICT, WIDE,
             THRESHOLD, ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS,
-            SIGNATURE, NO_GROWTH, FLOPS, PEAK, BUILD)
+            SIGNATURE, NO_GROWTH, FLOPS, PEAK, BUILD, SHARD_DURATIONS)
 INTERNAL = (SERVE, REPLICA)   # how bench_core starts its own processes: never typed by a user
 # knobs whose defaults were measured (docs/gate.md, docs/side-by-side.md): accepted and documented in
 # docs/running.md, settable in [tool.bench_core], and left out of pytest's --help, which shows what a user meets
 TUNING = (ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS, PEAK,
-          PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK, PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE, BUILD)
+          PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK, PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE, BUILD,
+          SHARD_DURATIONS)
 
 # pytest's --help, a group each, in the order a user meets them: (name, title, the options in it)
 GROUPS = (
@@ -253,7 +258,8 @@ GROUPS = (
       MAX_RUNS, WINDOW, ADJUST)),
     ("against", "bench_core: side by side with a revision (tuning: --bench-rounds, --bench-pairs, "
                 "--bench-max-rounds, --bench-worker-pairs; docs/running.md)",
-     (AGAINST, AGAINST_PROCESSES, AGAINST_PYTHON, BUILD, SHARD, ROUNDS, PAIRS, MAX_ROUNDS, WORKER_PAIRS, SERVE, REPLICA)),
+     (AGAINST, AGAINST_PROCESSES, AGAINST_PYTHON, BUILD, SHARD, SHARD_DURATIONS, ROUNDS, PAIRS, MAX_ROUNDS,
+      WORKER_PAIRS, SERVE, REPLICA)),
     ("work", "bench_core: what a step does, counted", (SIGNATURE, NO_GROWTH, INSTRUCTIONS)),
     ("diagnose", "bench_core: diagnose and validation (--bench-profile-shapes, -memory, -stack, -flops, "
                  "-tensorboard, -refuse-sensitive: docs/diagnose.md)",
@@ -482,7 +488,8 @@ def session_config(value: Values, root: Path, device: str, **extra):
         instructions=value(INSTRUCTIONS), no_growth=no_growth(value(NO_GROWTH)),
         topology=topology(value), replica=Path(value(REPLICA)) if value(REPLICA) else None,
         serve=serve_fds(value), cache=value(CACHE), graph=bool(value(GRAPH)), malloc=value(MALLOC) or "as-is",
-        pb_fixture=value(PB_FIXTURE) or "adopt", shard=shard(value(SHARD)), **extra)
+        pb_fixture=value(PB_FIXTURE) or "adopt", shard=shard(value(SHARD)),
+        shard_durations=root / value(SHARD_DURATIONS) if value(SHARD_DURATIONS) else None, **extra)
     from bench_core.timing.measuring import MIN_REPEATS
 
     for what, repeats, warmup in ((REPEATS, cfg.repeats, cfg.warmup),

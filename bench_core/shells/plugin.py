@@ -5,6 +5,7 @@ A thin shell: everything real lives in bench_core.session and below.
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,9 +15,10 @@ from bench_core.files import children
 from bench_core.shells import options as opt
 
 _KEY = pytest.StashKey["object"]()
-_SIGTERM = pytest.StashKey["object"]()
-_DESELECTED = pytest.StashKey[bool]()    # -k or -m left tests out on purpose   # the SIGTERM handler the session replaced
+_SIGTERM = pytest.StashKey["object"]()   # the SIGTERM handler the session replaced
+_DESELECTED = pytest.StashKey[bool]()    # -k or -m left tests out on purpose
 _STORED = pytest.StashKey["object"]()   # finish()'s lines, or the exception that stopped it
+_TIMED = pytest.StashKey["dict"]()      # a shard's tests' durations, by test id
 GPU_MARKER = "gpu"
 
 
@@ -162,15 +164,34 @@ def pytest_collection_modifyitems_shard(config, items):
 
     k, n = bench.config.shard
     ids = [i.nodeid for i in items]
-    where = shards.assign(ids, n)
+    c = bench.config
+    try:
+        durations = shards.read_durations(c.shard_durations) if c.shard_durations is not None else None
+    except shards.ShardError as exc:
+        raise pytest.UsageError(f"{opt.SHARD_DURATIONS}: {exc}") from None
+    where = shards.assign(ids, n, durations)
     gone = [i for i in items if where[i.nodeid] != k]
     if gone:
         config.hook.pytest_deselected(items=gone)
     items[:] = [i for i in items if where[i.nodeid] == k]
-    c = bench.config
-    bench.shard = shards.record(k, n, shards.split_id(ids), len(items), {
+    known = sum(1 for t in ids if durations and t in durations)
+    balanced = (f"by the durations in {c.shard_durations} ({known} of {len(ids)} tests known)" if known else
+                "round robin" + (f" ({c.shard_durations} is not there yet)" if c.shard_durations is not None and
+                                 durations is None else ""))
+    bench.shard = shards.record(k, n, shards.split_id(ids, durations), len(items), {
         "device": c.device, "quick": c.quick, "threads": c.threads, "malloc": c.malloc, "warmup": c.warmup,
-        "repeats": c.repeats, "timeout_s": c.timeout_s, "pb_fixture": c.pb_fixture})
+        "repeats": c.repeats, "timeout_s": c.timeout_s, "pb_fixture": c.pb_fixture}, balanced)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A shard's tests timed whole (setup, call, teardown) for the next run's balance (`bench-core merge
+    --durations`)."""
+    started = time.perf_counter()
+    yield
+    bench = _session(item.config)
+    if bench is not None and bench.shard is not None:
+        item.config.stash.setdefault(_TIMED, {})[item.nodeid] = round(time.perf_counter() - started, 4)
 
 
 def pytest_deselected(items):
@@ -239,6 +260,8 @@ def pytest_sessionfinish(session, exitstatus):
         incomplete = INTERRUPTED
     elif session.testsfailed:
         incomplete = f"{session.testsfailed} test(s) failed"
+    if bench.shard is not None:
+        bench.shard = {**bench.shard, "durations": session.config.stash.get(_TIMED, {})}
     lines, failures = bench.finish(incomplete)
     wrong = [f"no scenario was compared with {bench.compared_with}: the session fails (the reasons are under the "
              f"comparison table)"] if bench.nothing_compared() else []   # a gate that compared nothing never passes

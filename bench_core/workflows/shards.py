@@ -10,6 +10,7 @@ commits, machine classes or options, and a shard missing or given twice, naming 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from bench_core.core.environment import differences
 from bench_core.core.errors import BenchError
 from bench_core.files import storage
-from bench_core.files.atomic import dump_json, write_new
+from bench_core.files.atomic import atomic_write, dump_json, write_new
 
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -34,9 +35,42 @@ def parse(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def split_id(ids: Iterable[str]) -> str:
-    """The split's identity: a hash of the sorted test ids every shard collected (one suite, one split)."""
-    return hashlib.sha256("\n".join(sorted(set(ids))).encode()).hexdigest()[:16]
+def split_id(ids: Iterable[str], durations: Mapping[str, float] | None = None) -> str:
+    """The split's identity: a hash of the sorted test ids every shard collected and of the durations known for
+    them (one suite, one balance, one split: shards that read different durations are of different splits)."""
+    ids = sorted(set(ids))
+    known = {t: float(durations[t]) for t in ids if durations and t in durations}
+    return hashlib.sha256(("\n".join(ids) + (json.dumps(known, sort_keys=True) if known else "")).encode()
+                          ).hexdigest()[:16]
+
+
+def read_durations(path: Path) -> dict[str, float] | None:
+    """The test durations a shard balances by (`bench-core merge --durations` writes them: test id -> seconds);
+    None where the file is not there yet (every runner then deals round robin alike); a ShardError naming the
+    file where it is not such a file."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ShardError(f"{path}: the shards' durations file cannot be read ({exc}); write it again with "
+                         f"bench-core merge ... --durations {path}") from None
+    if not isinstance(doc, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                                            for v in doc.values()):
+        raise ShardError(f"{path}: the shards' durations file must map test ids to seconds (0 or more); write it "
+                         f"again with bench-core merge ... --durations {path}")
+    return {str(k): float(v) for k, v in doc.items()}
+
+
+def write_durations(merged: Mapping[str, Any], path: Path) -> int:
+    """The merged run's test durations written into `path` (atomically), over the entries it had for those tests
+    and beside the others; returns how many tests the run timed."""
+    timed = dict((merged.get("merged") or {}).get("durations") or {})
+    known = read_durations(path) or {}
+    atomic_write(Path(path), dump_json({k: round(v, 4) for k, v in sorted({**known, **timed}.items())}),
+                 overwrite=True)
+    return len(timed)
 
 
 def assign(ids: Sequence[str], n: int, durations: Mapping[str, float] | None = None) -> dict[str, int]:
@@ -58,10 +92,13 @@ def assign(ids: Sequence[str], n: int, durations: Mapping[str, float] | None = N
     return out
 
 
-def record(k: int, n: int, split: str, selected: int, options: Mapping[str, Any]) -> dict:
-    """What a shard's session file says of it: which part of which split, and the options its measurements took
-    (every shard of one run must take the same)."""
-    return {"index": k, "count": n, "split": split, "tests": selected, "options": dict(options)}
+def record(k: int, n: int, split: str, selected: int, options: Mapping[str, Any], balanced: str = "round robin",
+           durations: Mapping[str, float] | None = None) -> dict:
+    """What a shard's session file says of it: which part of which split, how the split was balanced, the options
+    its measurements took (every shard of one run must take the same), and how long each of its tests took (for
+    the next run's balance)."""
+    return {"index": k, "count": n, "split": split, "tests": selected, "options": dict(options),
+            "balanced": balanced, "durations": dict(durations or {})}
 
 
 # what must be the same in every shard of one run: the code, the machine class, what was asked
@@ -129,8 +166,9 @@ def _joined(docs: Sequence[Mapping[str, Any]], shard: Mapping[str, Any]) -> dict
     # the same shards make the same run, however often merged: a history or baseline holds it once
     same = hashlib.sha256(" ".join(sorted(d["run_id"] for d in docs)).encode()).hexdigest()[:32]
     run = storage.run_doc([], docs[0]["environment"], errors, created=max(d["created"] for d in docs), run_id=same)
+    durations = {t: v for d in docs for t, v in (d["shard"].get("durations") or {}).items()}
     out.update(run, results=results, merged={"count": shard["count"], "split": shard["split"],
-                                             "runs": [d["run_id"] for d in docs]})
+                                             "runs": [d["run_id"] for d in docs], "durations": durations})
     if replicas:
         out["replicas"] = replicas
     return out
