@@ -56,6 +56,19 @@ def hanging(ctx) -> RankStep:
     return _mlp(ctx)
 
 
+def launcher_dies(ctx) -> RankStep:
+    """Node 1 goes down: its launcher killed outright while the other node's rank waits for its rank in the first
+    collective (which rank lands on which node is the rendezvous's choice)."""
+    import os
+
+    if os.environ.get("BENCH_CORE_NODE_RANK") == "1":
+        import signal
+
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(3600)
+    return _mlp(ctx)
+
+
 def diverging(ctx) -> RankStep:
     """A broken data-parallel step: rank 1 nudges its own weights after each step, so the replicas drift."""
     inner = _mlp(ctx)

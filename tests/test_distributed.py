@@ -3,6 +3,7 @@ and real launches on the CPU with gloo at world size 2: gathering, a straggler m
 communication, replicas and reference, a crash, a hang, and two launcher agents as two hosts."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -268,8 +269,9 @@ def test_a_rank_that_hangs_is_ended_within_the_limit_and_named(no_rank_left):
     assert re.search(r"\((rank \d in '[\w ]+'(, )?)+;|\(no rank had started;", text), text
 
 
-def _two_agents(spec, timeout_s=120):
-    """Two launcher agents on this machine, one rank each, as two hosts would run them: (node 0's, node 1's)."""
+def _two_agents(spec, timeout_s=120, failing=False):
+    """Two launcher agents on this machine, one rank each, as two hosts would run them: (node 0's, node 1's), or
+    (`failing`) each node's error."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -285,8 +287,29 @@ def _two_agents(spec, timeout_s=120):
         a.start()
     for a in agents:
         a.join()
+    if failing:
+        return dict(errors)
     assert not errors, errors
     return found[0], found[1]
+
+
+def test_a_node_that_goes_down_is_named_by_the_other_well_within_the_limit(no_rank_left):
+    """Node 1's launcher killed outright while rank 0, on node 0, waits for its rank in the first collective: node
+    0 names rank 1, its node and host, and the phase it was in, after a few seconds without a sign of life (not at
+    the time limit, which would name nothing); node 1 says its launcher ended; no rank is left behind."""
+    import time
+
+    started = time.monotonic()
+    errors = _two_agents(_spec("launcher_dies", silent_s=2), timeout_s=90, failing=True)
+    assert time.monotonic() - started < 60, errors
+    assert sorted(errors) == [0, 1], errors
+    # named as silent, or (where node 1's launcher held the process group's store) as the holder of a store gone
+    # (or, where the store went before any peer was seen, by the host of the store's node)
+    assert re.search(r"rank \d stopped during '[\w ]+': (rank \d \(node 1, host [^)]+\)(, last in '[\w ]+',)?|the "
+                     r"node the rendezvous numbered 0 \(host [^)]+\)) stopped answering(: its launcher, which held "
+                     r"the process group's store, is gone| in '[\w ]+': no sign of life for 2 s)", str(errors[0])), \
+        errors[0]
+    assert "the launcher ended with exit code -9" in str(errors[1]), errors[1]
 
 
 def test_two_hosts_gathered_aligned_straggler_named_exposure_measured(no_rank_left):
@@ -432,3 +455,61 @@ def test_the_diagnose_pass_writes_one_trace_per_rank_and_says_who_waits(tmp_path
     rules = [h.rule for h in s.profiles[0].hypotheses]
     assert "rank_waits" in rules and "rank 1 arrives last" in " ".join(h.hypothesis for h in s.profiles[0].hypotheses)
     assert list((tmp_path / "p").glob("paced_x_.ranks.hypotheses.json"))
+
+
+class _Store:
+    """The process group's store as a rank sees it: set, check, get; `gone` makes it fail as a dead host's does."""
+
+    def __init__(self):
+        self.keys, self.gone = {}, False
+
+    def _alive(self):
+        if self.gone:
+            raise ConnectionError("Broken pipe")
+
+    def set(self, key, value):
+        self._alive()
+        self.keys[key] = value
+
+    def check(self, keys):
+        self._alive()
+        return all(k in self.keys for k in keys)
+
+    def get(self, key):
+        self._alive()
+        return self.keys[key]
+
+
+def test_a_peer_is_judged_by_its_counter_not_a_clock_and_one_that_ended_or_failed_is_told_apart(monkeypatch):
+    """Peer watching on a fake store and clock: a peer whose counter stops for the silence is named with what it
+    last said; one that finished never is; one that failed is named at once; a store that goes names the peer whose
+    launcher held it (the rendezvous's node 0)."""
+    from bench_core.workflows.distributed.rank_program import PeerWatch, peer_ended
+
+    now = [0.0]
+    store = _Store()
+    monkeypatch.setenv("BENCH_CORE_NODE_RANK", "0")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    watch = PeerWatch(store, 0, 3, True, lambda: "measure", lambda *a: None, clock=lambda: now[0], silent_s=5)
+    watch.beat()
+    peers = {1: PeerWatch(store, 1, 3, False, lambda: "measure", None, clock=lambda: now[0]),
+             2: PeerWatch(store, 2, 3, False, lambda: "validation", None, clock=lambda: now[0])}
+    for p in peers.values():
+        p.me = {**p.me, "node": 1, "group": 0, "host": "node1"}
+        p.beat()
+    assert watch.look() is None
+    now[0] = 4.0
+    peers[1].beat()
+    peers[2].beat(ended=True)           # finished: never silent
+    assert watch.look() is None
+    now[0] = 9.5                        # peer 1 beat at 4.0; silent past 5 s only after 9.0
+    assert watch.look() == (1, json.loads(store.keys["bench_peer/1"]))
+    said = json.loads(store.keys["bench_peer/1"])
+    assert peer_ended(1, said, 5).startswith("rank 1 (node 1, host node1) stopped answering in 'measure': no sign of "
+                                             "life for 5 s")
+    peers[1].beat(failed=True)
+    assert watch.look()[0] == 1 and "failed in 'measure'" in peer_ended(1, json.loads(store.keys["bench_peer/1"]), 5)
+    store.gone = True
+    peer, said = watch.store_gone(ConnectionError("Broken pipe"))
+    assert peer in (1, 2) and "its launcher, which held the process group's store, is gone (ConnectionError: Broken " \
+                              "pipe)" in peer_ended(peer, said, 5)

@@ -34,9 +34,10 @@ def write_rank_status(folder: Path, rank: int, doc: Mapping[str, Any]) -> Path:
     return atomic_write(Path(folder) / f"rank{rank}.status.json", dump_json(dict(doc)), overwrite=True)
 
 
-def write_rank_error(folder: Path, rank: int, phase: str, trace: str) -> Path:
-    return atomic_write(Path(folder) / f"rank{rank}.error.json", dump_json({"rank": rank, "phase": phase,
-                                                                       "traceback": trace}), overwrite=True)
+def write_rank_error(folder: Path, rank: int, phase: str, trace: str, peer: int | None = None) -> Path:
+    """A rank's failure: its phase and traceback, or (`peer`) the peer whose end made it fail."""
+    doc = {"rank": rank, "phase": phase, "traceback": trace, **({"peer": peer} if peer is not None else {})}
+    return atomic_write(Path(folder) / f"rank{rank}.error.json", dump_json(doc), overwrite=True)
 
 
 def write_rank_result(folder: Path, node: int, doc: Mapping[str, Any]) -> Path:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from bench_core.core.errors import ScenarioError
+from bench_core.workflows.distributed.rank_program import NODE_ENV
 from bench_core.core.records import ColdStart, Measurement
 from bench_core.core.ranks import RankSamples, max_over_ranks
 from bench_core.core.scenario import Scenario
@@ -155,7 +156,8 @@ def run_ranks(name: str, spec: Mapping[str, Any], topology: Topology, timeout_s:
         folder = Path(tmp)
         spec_path = write_rank_spec(folder, {**spec, "out_dir": str(folder)})
         log = folder / "launcher.log"
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
+               NODE_ENV: str(topology.node_rank)}
         ran = children.run_logged(launch_command(topology, spec_path, rdzv_id(name, launch)), log, timeout_s,
                                   ending=lambda proc: end_all(proc, folder, spec_path), env=env, cwd=os.getcwd())
         code, tail = ran.code, ran.tail
@@ -165,10 +167,12 @@ def run_ranks(name: str, spec: Mapping[str, Any], topology: Topology, timeout_s:
             raise ScenarioError(name, f"its ranks ran past the time limit of {timeout_s:g} s and were ended "
                                       f"({phases or 'no rank had started'}; a rank waiting in a collective for a "
                                       f"peer that never comes looks like this). --bench-timeout sets the limit")
-        if files["errors"]:
-            r, err = min(files["errors"].items())
+        if files["errors"]:   # a rank's own failure first; then one that failed because a peer ended
+            r, err = min(files["errors"].items(), key=lambda e: ("peer" in e[1], e[0]))
             others = sorted(set(files["errors"]) - {r})
             also = f" (ranks {others} failed too)" if others else ""
+            if "peer" in err:
+                raise ScenarioError(name, f"rank {r} stopped during '{err['phase']}'{also}: {err['traceback'].rstrip()}")
             raise ScenarioError(name, f"rank {r} failed during '{err['phase']}'{also}:\n{err['traceback'].rstrip()}")
         if code != 0 or not files["results"]:
             started = len(files["status"])
