@@ -353,6 +353,10 @@ class BenchSession(Ledger):
             raise
 
     def run_distributed(self, scenario: Scenario, build: Callable, **kwargs) -> tuple[Measurement, Comparison | None]:
+        if self.revision is not None:   # side by side: each side's ranks from its own tree
+            from bench_core.workflows.side_by_side.distributed import against_distributed
+
+            return against_distributed(self, scenario, build, **kwargs)
         return distributed.run_distributed(self, scenario, build, **kwargs)
 
     def ab_distributed(self, name: str, build: Callable, baseline: Mapping[str, Any], candidate: Mapping[str, Any],

@@ -513,3 +513,145 @@ def test_a_peer_is_judged_by_its_counter_not_a_clock_and_one_that_ended_or_faile
     peer, said = watch.store_gone(ConnectionError("Broken pipe"))
     assert peer in (1, 2) and "its launcher, which held the process group's store, is gone (ConnectionError: Broken " \
                               "pipe)" in peer_ended(peer, said, 5)
+
+
+ZOO_RANKS = '''
+import time
+
+import torch
+from torch import nn
+
+from bench_core.workflows.distributed.rank_program import RankStep, ddp_training
+
+PACE_MS = {pace}
+
+
+def _paced(ctx, pace_ms):
+    def shard(rank, world):
+        g = torch.Generator().manual_seed(1000 + rank)
+        return torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    inner = ddp_training(ctx, lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)),
+                         lambda m: torch.optim.SGD(m.parameters(), lr=0.1), shard, nn.functional.cross_entropy)
+
+    def step():
+        out = inner.step()
+        time.sleep(pace_ms / 1e3)
+        return out
+    return RankStep(step, replicated=inner.replicated)
+
+
+def changed(ctx):
+    return _paced(ctx, PACE_MS)
+
+'''
+
+ZOO_TEST = '''
+import zoo_ranks
+from bench_core import Scenario
+
+
+def test_changed(bench):
+    bench.run_distributed(Scenario("changed", ("forward", "backward")), zoo_ranks.changed, nproc=2)
+
+'''
+
+
+def test_distributed_scenarios_side_by_side_each_sides_ranks_from_its_own_tree(pytester, no_rank_left):
+    """`--bench-against HEAD` on a distributed scenario whose builder's step sleeps 10 ms in HEAD and 20 ms in the
+    work tree: each side's ranks launched from its own tree every round (their loaded files say so), called slower
+    about 2x (the test fails). (Real launches, 3.6 s each here: the decisions' other cases are below, faked.)"""
+    from test_fidelity import commit_all
+
+    pytester.syspathinsert()
+    pytester.makepyfile(zoo_ranks=ZOO_RANKS.format(pace=10.0), test_zoo=ZOO_TEST)
+    commit_all(pytester.path)
+    pytester.makepyfile(zoo_ranks=ZOO_RANKS.format(pace=20.0))
+    res = pytester.runpytest_subprocess("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out",
+                                        "--bench-threads", "1", "-p", "no:randomly")
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*scenario 'changed': slower against revision 'HEAD'*"])
+    (path,) = (pytester.path / "out").glob("session-*.json")
+    recs = {r["scenario"]: r for r in json.loads(path.read_text())["against"]["scenarios"]}
+    assert 1.6 <= recs["changed"]["comparison"]["ratio"] <= 2.4
+    for rec in recs.values():
+        assert "each side's 2 ranks launched afresh from its own tree" in rec["comparison"]["method"]
+        ran = rec["code"]["processes_ran"]
+        assert len(ran["baseline"]) == len(ran["candidate"]) == 3     # a launch of each side every round
+        theirs = [f for f in ran["baseline"][0]["files"] if f.endswith("zoo_ranks.py")]
+        mine = [f for f in ran["candidate"][0]["files"] if f.endswith("zoo_ranks.py")]
+        assert mine == [str((pytester.path / "zoo_ranks.py").resolve())]
+        assert len(theirs) == 1 and not theirs[0].startswith(str(pytester.path.resolve()))
+
+
+
+FAKE_LAUNCH_CONFTEST = """
+import hashlib
+import math
+from pathlib import Path
+
+import pytest
+
+import bench_core.workflows.distributed.launch as launch
+from bench_core.core.errors import ScenarioError
+
+
+def fake(name, spec, topology, timeout_s, launch=0, cwd=None):
+    # a launch of the side whose builder file it was given: its step as slow as that file says (PACE = ...)
+    path = Path(spec["builder_file"])
+    text = path.read_text()
+    if "RAISE" in text:
+        raise ScenarioError(name, "rank 0 failed during 'build': boom")
+    level = float(text.split("PACE = ")[1].split()[0])
+    n = spec["repeats"]
+    ranks = [{"rank": r, "host": "h", "pid": 1, "threads": 1, "cold_host_ms": 9.0, "cold_gpu_ms": None,
+              "host_ms": [level * (1 + 0.01 * math.sin(7 * launch + 3 * i + r)) for i in range(n)], "gpu_ms": None,
+              "local_host_ms": None, "local_gpu_ms": None} for r in range(topology.nproc)]
+    return {"world_size": topology.nproc, "nnodes": 1, "backend": "gloo", "ranks": ranks,
+            "replicas_max_abs_diff": 0.0, "reference": None,
+            "loaded": {str(path.resolve()): hashlib.sha256(path.read_bytes()).hexdigest()}}
+
+
+@pytest.fixture(autouse=True)
+def _launches_faked(monkeypatch):
+    monkeypatch.setattr(launch, "run_ranks", fake)
+"""
+
+FAKE_TEST = """
+import pytest
+
+import bad_b, fast_b, new_b, same_b, slow_b
+from bench_core import Scenario
+
+
+@pytest.mark.parametrize("module", [same_b, slow_b, fast_b, bad_b, new_b], ids=lambda m: m.__name__)
+def test_d(bench, module):
+    bench.run_distributed(Scenario(module.__name__, ("forward",)), module.build, nproc=2)
+"""
+
+
+def _builders(pace, extra=""):
+    return f"PACE = {pace}\n{extra}\n\ndef build(ctx):\n    pass\n"
+
+
+def test_distributed_side_by_side_decides_both_ways_and_a_revision_without_it_or_failing_is_said(pytester):
+    """Each side's launches faked (a side's step as slow as its own builder file says, so which tree each launch
+    used decides the result): a builder alike on both sides is not called a change, one per direction is called
+    slower and faster; a builder file the revision lacks is measured on this tree alone, and a revision whose
+    ranks fail is not compared, saying why, its current side still measured."""
+    from test_fidelity import commit_all
+
+    pytester.syspathinsert()
+    pytester.makeconftest(FAKE_LAUNCH_CONFTEST)
+    pytester.makepyfile(same_b=_builders(10.0), slow_b=_builders(10.0), fast_b=_builders(10.0),
+                        bad_b=_builders(10.0, "# RAISE"), test_d=FAKE_TEST)
+    commit_all(pytester.path)
+    pytester.makepyfile(slow_b=_builders(13.0), fast_b=_builders(7.0), bad_b=_builders(10.0), new_b=_builders(10.0))
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out")
+    res.assert_outcomes(failed=1, passed=4)
+    res.stdout.fnmatch_lines(["*scenario 'slow_b': slower against revision 'HEAD'*"])
+    (path,) = (pytester.path / "out").glob("session-*.json")
+    doc = json.loads(path.read_text())["against"]
+    verdicts = {r["scenario"]: r["comparison"]["verdict"] for r in doc["scenarios"]}
+    assert verdicts == {"same_b": "unchanged", "slow_b": "slower", "fast_b": "faster"}
+    res.stdout.fnmatch_lines(["*new_b.py does not exist in HEAD*"])
+    res.stdout.fnmatch_lines(["*HEAD failed: rank 0 failed during 'build': boom*"])

@@ -846,14 +846,14 @@ def test_the_side_by_side_simulation_drives_the_decisions_own_looks_and_chase():
     import pathlib
 
     from bench_core.deciding.sequential import planned_looks
-    from bench_core.workflows.side_by_side.compare import _Judge
+    from bench_core.workflows.side_by_side.compare import Judge
 
     path = pathlib.Path(__file__).parents[1] / "quality" / "against_sim.py"
     spec = importlib.util.spec_from_file_location("against_sim", path)
     sim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sim)
     looks = planned_looks(12, 36, 12)
-    judge = _Judge(Scenario("s", ("compute",)), "cpu", 0.02, GateConfig(threshold=0.02), 9, looks)
+    judge = Judge(Scenario("s", ("compute",)), "cpu", 0.02, GateConfig(threshold=0.02), 9, looks)
     rng = np.random.default_rng(3)
     # quiet rounds: a 30% slowdown and unchanged code are both decided at the first look
     assert sim.trial(rng, judge, looks, 1.3, 0.003, 0.01, False) == (SLOWER, 12)

@@ -102,9 +102,6 @@ class BenchFixture:
         from bench_core.core.errors import ScenarioError
 
         session = self._session
-        if session.revision is not None:
-            pytest.skip(f"{opt.AGAINST} does not compare distributed scenarios yet; gate them against a stored "
-                        f"baseline ({opt.COMPARE})")
         self._skip_without_gpus(scenario.name, nproc)
         try:
             m, c = session.run_distributed(scenario, build, nproc=nproc, params=params, **kwargs)

@@ -502,6 +502,20 @@ class PeerWatch:
                 return
 
 
+def _loaded_under(roots: Sequence[str]) -> dict[str, str | None]:
+    """The files of this rank's modules under `roots` (each side's tree, side by side), with their sha256: which
+    code it ran, for the parent to check against the side's own tree."""
+    from bench_core.workflows.side_by_side.revisions import file_sha256
+
+    inside = [Path(r).resolve() for r in roots]
+    out = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and any(Path(path).resolve().is_relative_to(r) for r in inside):
+            out[str(Path(path).resolve())] = file_sha256(Path(path))
+    return out
+
+
 def _between_ranks(exc: BaseException) -> bool:
     """A failure of the communication between ranks (a collective whose peer went away), not of this rank's code."""
     import torch.distributed as dist
@@ -547,7 +561,8 @@ def run_rank(spec: Mapping[str, Any], status: Callable[[str], None],
         if me.local_rank != 0:
             return None
         return {"world_size": me.world, "nnodes": me.world // int(os.environ.get("LOCAL_WORLD_SIZE", me.world)),
-                "backend": spec["backend"], "torch": torch.__version__, **out}
+                "backend": spec["backend"], "torch": torch.__version__, **out,
+                **({"loaded": _loaded_under(spec["proof_roots"])} if spec.get("proof_roots") else {})}
     except BaseException as exc:
         if watch is not None and _between_ranks(exc):   # a peer's end, seen by a collective: name that peer
             found = watch.culprit()

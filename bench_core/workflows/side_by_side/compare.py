@@ -239,7 +239,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
                                                             extend_to=looks[1:], go_on=judge.go_on,
                                                             pairs_ms=a.pairs_ms, threads=session.config.threads),
                                  judge)
-            _check_processes(scenario.name, ran, session.revision)
+            check_processes(scenario.name, ran, session.revision)
             return res
         how = (f"{looks[0]} rounds" if len(looks) == 1 else
                f"{looks[0]} rounds, {looks[-1]} at most for a possible change")
@@ -257,7 +257,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     def run_pairs(judge):
         res = run_processes(spawn, sampler, processes=k, rounds=rounds, pairs=pairs, seed=a.seed, release=release,
                             warm_ms=a.warm_ms, threads=session.config.threads)
-        _check_processes(scenario.name, ran, session.revision)
+        check_processes(scenario.name, ran, session.revision)
         return res
     return _side_by_side(session, scenario, live, run_pairs, f"{k} pairs of pytest processes x {rounds} rounds x "
                                                              f"{pairs} pairs (processes that cannot fork: a "
@@ -346,7 +346,7 @@ def _served_signatures(session, name: str, ran: Mapping[str, list]):
     return tuple(out)
 
 
-def _check_processes(name: str, ran: Mapping[str, list], loaded) -> None:
+def check_processes(name: str, ran: Mapping[str, list], loaded) -> None:
     """Each side ran its own code: no file of the other tree that differs from its own counterpart was loaded by
     a side's process (a project installed from the current tree, say). Fails naming the file."""
     from bench_core.workflows.side_by_side.fidelity import crossed
@@ -369,7 +369,7 @@ def _check_processes(name: str, ran: Mapping[str, list], loaded) -> None:
 
 
 @dataclass(frozen=True)
-class _Judge:
+class Judge:
     """Decides a scenario's rounds with the gate's verdicts."""
 
     scenario: Scenario
@@ -405,7 +405,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
     commit = session.revision.revision.commit
     rev = f"{a.label} ({commit[:12] if commit else 'no commit'})"
     thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
-    judge = _Judge(scenario, dev, thr, replace(session.config.gate, threshold=thr), session.family_size, tuple(looks))
+    judge = Judge(scenario, dev, thr, replace(session.config.gate, threshold=thr), session.family_size, tuple(looks))
     try:
         with session.limited(scenario):
             res = sides(judge)

@@ -1,0 +1,118 @@
+"""Side by side for a distributed scenario: each side's ranks launched from its own tree (its builder file, its
+import roots first, the launcher in its counterpart of this folder), a fresh launch of each side every round, the
+sides' order alternating round by round; each launch's per-step figure is the slowest rank's, and the rounds are
+decided by the one rounds decision every side-by-side scenario takes. Each side's ranks report the project files
+they loaded, and a side that ran the other tree's differing code fails the scenario, naming the file."""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from bench_core.core.errors import ScenarioError
+from bench_core.core.records import Measurement
+from bench_core.core.scenario import Scenario
+from bench_core.deciding.comparison import Comparison
+from bench_core.timing.protocol import Rounds
+from bench_core.timing.sampling import Sample
+from bench_core.workflows.distributed import launch as launcher
+from bench_core.workflows.distributed.launch import Topology, measurement_from
+from bench_core.workflows.distributed.scenario import rank_spec, run_distributed
+from bench_core.workflows.side_by_side.compare import Judge, check_processes
+
+SIDES_ORDER = (("baseline", "candidate"), ("candidate", "baseline"))   # alternated round by round
+
+
+def their_roots(roots, current_root: Path, rev_root: Path) -> list[str]:
+    """The revision's import roots: each root inside this tree as its counterpart in the revision's tree (where it
+    has one), the others (the environment's) as they are."""
+    out = []
+    for p in roots:
+        q = Path(p).resolve()
+        if q.is_relative_to(current_root):
+            there = rev_root / q.relative_to(current_root)
+            if there.exists():
+                out.append(str(there))
+        else:
+            out.append(p)
+    return out
+
+
+def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: int = 2,
+                        params: Mapping[str, Any] | None = None, items_per_rank: int | None = None,
+                        warmup: int | None = None, repeats: int | None = None, validate: bool = True,
+                        scaling: bool = False) -> tuple[Measurement, Comparison | None]:
+    """The scenario measured on both sides (see the module), decided; the current side's result is its first
+    launch (validated, as a plain run's), with every rank kept."""
+    loaded, a, name = session.revision, session.config.against, scenario.name
+    topology = session.config.topology or Topology(nproc)
+    w, r = session.counts(warmup, repeats)
+    scenario = scenario.with_metadata(device=session.config.device)
+    spec = rank_spec(session, name, build, topology, params, warmup=w, repeats=r, validate=False)
+    mine = Path(spec["builder_file"])
+    label = loaded.revision.label
+    theirs = loaded.counterpart(mine) if mine.is_relative_to(loaded.current_root) else None
+    if theirs is None or not theirs.exists():
+        where = theirs.relative_to(loaded.root) if theirs is not None else mine
+        session.not_compared(name, f"measured on the current tree only: {where} does not exist in {label}",
+                             new=True)
+        return run_distributed(session, scenario, build, nproc=nproc, params=params, items_per_rank=items_per_rank,
+                               warmup=warmup, repeats=repeats, validate=validate, scaling=scaling)
+    proof_roots = [str(loaded.current_root), str(loaded.root)]
+    here = Path.cwd().resolve()
+    specs = {"candidate": {**spec, "proof_roots": proof_roots},
+             "baseline": {**spec, "proof_roots": proof_roots, "builder_file": str(theirs),
+                          "import_roots": their_roots(spec["import_roots"], loaded.current_root, loaded.root)}}
+    cwds = {"candidate": here, "baseline": loaded.root / here.relative_to(loaded.current_root)
+            if here.is_relative_to(loaded.current_root) else here}
+    rounds = a.looks(session.config.quick)[0]
+    samples: dict[str, list] = {"baseline": [], "candidate": []}
+    cold: dict[str, list] = {"baseline": [], "candidate": []}
+    ran: dict[str, list] = {"baseline": [], "candidate": []}
+    first: dict[str, Measurement] = {}
+    launches = iter(range(1, 100_000))
+
+    def launch(side: str) -> Measurement:
+        check = validate and side == "candidate" and side not in first   # the current side's, as a plain run's
+        doc = launcher.run_ranks(name, {**specs[side], "validate": check}, topology, session.config.timeout_s,
+                                 launch=next(launches), cwd=cwds[side])
+        ran[side].append({"files": doc.get("loaded", {}), "interpreter": sys.executable, "torch": doc.get("torch")})
+        return measurement_from(scenario, doc, device=session.config.device, warmup=w, repeats=r,
+                                items_per_rank=items_per_rank, environment=session.environment)
+
+    try:
+        for k in range(rounds):
+            for side in SIDES_ORDER[k % 2]:
+                try:
+                    m = launch(side)
+                except ScenarioError as exc:
+                    if side == "candidate":
+                        raise
+                    session.not_compared(name, f"not compared: {label} failed: {exc.problem}")
+                    return run_distributed(session, scenario, build, nproc=nproc, params=params,
+                                           items_per_rank=items_per_rank, warmup=warmup, repeats=repeats,
+                                           validate=validate, scaling=scaling)
+                first.setdefault(side, m)
+                gpu = m.gpu_ms or (None,) * len(m.host_ms)
+                samples[side].append(tuple(Sample(h, g) for h, g in zip(m.host_ms, gpu)))
+                cold[side].append(Sample(m.cold_start.first_call_ms, m.cold_start.first_call_gpu_ms))
+        check_processes(name, ran, loaded)
+    except ScenarioError as exc:
+        session.record_error(name, exc.problem)
+        raise
+    res = Rounds(baseline=tuple(samples["baseline"]), candidate=tuple(samples["candidate"]),
+                 cold={side: tuple(v) for side, v in cold.items()}, seed=a.seed)
+    m = first["candidate"]
+    session.record_result(m)
+    thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
+    judge = Judge(scenario, session.config.device, thr, replace(session.config.gate, threshold=thr),
+                  session.family_size, (rounds,))
+    commit = loaded.revision.commit
+    c = replace(judge(res, m.timer), method=(
+        f"side by side with {a.label} ({commit[:12] if commit else 'no commit'}): {rounds} rounds, each side's "
+        f"{topology.world_size} ranks launched afresh from its own tree every round, the order alternating; the "
+        f"slowest rank per step"))
+    session.record_side_by_side(c, res.to_dict(), {"why_processes": "a distributed scenario: each side's ranks are "
+                                                                    "processes of their own", "processes_ran": ran})
+    return m, c
