@@ -621,6 +621,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":   # run as the package's module, so a builder's RankStep is this module's RankStep
+    import atexit
+
     from bench_core.workflows.distributed.rank_program import main as _main
 
-    sys.exit(_main())
+    _code = _main()
+    # its exit handlers run (the user's own, logging), then the rank ends without the interpreter taking down every
+    # object one by one, for which its launcher (and every launch after it) waits
+    atexit._run_exitfuncs()
+    for _stream in (sys.stdout, sys.stderr):
+        _stream.flush()
+    os._exit(_code)
