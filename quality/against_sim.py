@@ -1,5 +1,5 @@
 """How do `--bench-against`'s looks trade rounds for power, under noise we choose? A simulation driven by the
-decision's own code (`compare._Judge`: `estimate_rounds`, `decide_family`, the chase rule `possible_slowdown`), so
+decision's own code (`compare.Judge`: `estimate_rounds`, `decide_family`, the chase rule `possible_slowdown`), so
 what it reports is what a scenario's rounds would decide.
 
 The model of a round: its log ratio (candidate / baseline) is the change, plus each side's instance bias
@@ -26,7 +26,7 @@ from bench_core.deciding.comparison import GateConfig
 from bench_core.deciding.sequential import planned_looks
 from bench_core.timing.protocol import Rounds
 from bench_core.timing.sampling import Sample
-from bench_core.workflows.side_by_side.compare import _Judge
+from bench_core.workflows.side_by_side.compare import Judge
 
 # (inst, pair): sd of each side's instance bias and of a pair's noise, in log time; a round's ratio spreads by
 # sqrt(2 inst^2 + pair^2 / 2): 0.8%, 1.6% (one process), 3.2%, 5.5%, 8.6%, 12.3%, 17.9% (forked rounds)
@@ -39,7 +39,7 @@ def draw(rng, n: int, normal: bool) -> np.ndarray:
     return rng.standard_normal(n) if normal else rng.standard_t(4, n) / math.sqrt(2)
 
 
-def trial(rng, judge: _Judge, looks: tuple[int, ...], change: float, inst: float, pair: float, normal: bool):
+def trial(rng, judge: Judge, looks: tuple[int, ...], change: float, inst: float, pair: float, normal: bool):
     """One scenario's sequential rounds: (verdict, rounds run)."""
     last = looks[-1]
     logs = (math.log(change) + inst * (draw(rng, last, normal) - draw(rng, last, normal))[:, None]
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
             cells = []
             for looks in schedules:
                 rng = np.random.default_rng(ns.seed)
-                judge = _Judge(Scenario("s", ("compute",)), "cpu", 0.02, GateConfig(threshold=0.02), FAMILY, looks)
+                judge = Judge(Scenario("s", ("compute",)), "cpu", 0.02, GateConfig(threshold=0.02), FAMILY, looks)
                 out = [trial(rng, judge, looks, change, inst, pair, ns.normal) for _ in range(ns.trials)]
                 slower = sum(v == "slower" for v, _ in out) / ns.trials
                 unchanged = sum(v == "unchanged" for v, _ in out) / ns.trials

@@ -1,14 +1,17 @@
 """Side by side for a distributed scenario: each side's ranks launched from its own tree (its builder file, its
 import roots first, the launcher in its counterpart of this folder), a fresh launch of each side every round, the
-sides' order alternating round by round; each launch's per-step figure is the slowest rank's, and the rounds are
-decided by the one rounds decision every side-by-side scenario takes. Each side's ranks report the project files
-they loaded, and a side that ran the other tree's differing code fails the scenario, naming the file."""
+sides' order alternating round by round; each launch's per-step figure is the slowest rank's, its median the
+round's figure for its side, and the rounds are decided by the one rounds decision every side-by-side scenario
+takes. Each side's ranks report the project files they loaded, and a side that ran the other tree's differing code
+fails the scenario, naming the file."""
 from __future__ import annotations
 
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
+
+import numpy as np
 
 from bench_core.core.errors import ScenarioError
 from bench_core.core.records import Measurement
@@ -94,8 +97,10 @@ def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: 
                                            items_per_rank=items_per_rank, warmup=warmup, repeats=repeats,
                                            validate=validate, scaling=scaling)
                 first.setdefault(side, m)
-                gpu = m.gpu_ms or (None,) * len(m.host_ms)
-                samples[side].append(tuple(Sample(h, g) for h, g in zip(m.host_ms, gpu)))
+                # a launch is one draw of its processes' biases: its median is the round's figure for its side
+                # (pairing the two launches' samples one by one would pair nothing that ran together)
+                samples[side].append((Sample(float(np.median(m.host_ms)),
+                                             None if m.gpu_ms is None else float(np.median(m.gpu_ms))),))
                 cold[side].append(Sample(m.cold_start.first_call_ms, m.cold_start.first_call_gpu_ms))
         check_processes(name, ran, loaded)
     except ScenarioError as exc:
