@@ -596,9 +596,11 @@ import bench_core.workflows.distributed.launch as launch
 from bench_core.core.errors import ScenarioError
 
 
-def fake(name, spec, topology, timeout_s, launch=0, cwd=None):
+def fake(name, spec, topology, timeout_s, launch=0, cwd=None, python=None):
     # a launch of the side whose builder file it was given: its step as slow as that file says (PACE = ...)
     path = Path(spec["builder_file"])
+    with open("launches.txt", "a") as f:
+        f.write(f"{path.stem} {path.parent.name} {python}\\n")
     text = path.read_text()
     if "RAISE" in text:
         raise ScenarioError(name, "rank 0 failed during 'build': boom")
@@ -656,3 +658,12 @@ def test_distributed_side_by_side_decides_both_ways_and_a_revision_without_it_or
     assert verdicts == {"same_b": "unchanged", "slow_b": "slower", "fast_b": "faster"}
     res.stdout.fnmatch_lines(["*new_b.py does not exist in HEAD*"])
     res.stdout.fnmatch_lines(["*HEAD failed: rank 0 failed during 'build': boom*"])
+    # in another interpreter (--bench-against-python): the revision's ranks launched by it, the current side's not
+    (pytester.path / "launches.txt").unlink()
+    other = str(Path(sys.executable).with_name("python3"))
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-against-python", other, "--bench-quick",
+                             "--bench-no-out", "-k", "same_b")
+    res.assert_outcomes(passed=1)
+    launched = [line.split() for line in (pytester.path / "launches.txt").read_text().splitlines()]
+    assert {(folder == pytester.path.name, python) for _, folder, python in launched} == {
+        (True, sys.executable), (False, other)}

@@ -104,9 +104,9 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def launch_command(topology: Topology, spec_path: Path, rdzv_id: str) -> list[str]:
+def launch_command(topology: Topology, spec_path: Path, rdzv_id: str, python: str | None = None) -> list[str]:
     # its log folder in the launch's own (else the launcher leaves a torchelastic_* folder in the temp folder a run)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(topology.nproc),
+    cmd = [python or sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(topology.nproc),
            "--max-restarts", "0", "--monitor-interval", "0.2", "--log-dir", str(spec_path.parent / "elastic")]
     if topology.endpoint is None:
         cmd += ["--standalone"]
@@ -147,9 +147,10 @@ def end_all(proc: subprocess.Popen, folder: Path, spec_path: Path) -> None:
 
 
 def run_ranks(name: str, spec: Mapping[str, Any], topology: Topology, timeout_s: float | None,
-              launch: int = 0, cwd: Path | None = None) -> dict:
-    """Launch the ranks (from `cwd`, else this folder), wait, and return this node's gathered result; every
-    failure is a ScenarioError that names the rank and its phase, with its traceback where it raised."""
+              launch: int = 0, cwd: Path | None = None, python: str | None = None) -> dict:
+    """Launch the ranks (from `cwd`, else this folder; by `python`, else this interpreter), wait, and return this
+    node's gathered result; every failure is a ScenarioError that names the rank and its phase, with its traceback
+    where it raised."""
     from bench_core.files.exchange import rank_exchange, read_rank_files, write_rank_spec
 
     with rank_exchange() as tmp:
@@ -158,7 +159,7 @@ def run_ranks(name: str, spec: Mapping[str, Any], topology: Topology, timeout_s:
         log = folder / "launcher.log"
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
                NODE_ENV: str(topology.node_rank)}
-        ran = children.run_logged(launch_command(topology, spec_path, rdzv_id(name, launch)), log, timeout_s,
+        ran = children.run_logged(launch_command(topology, spec_path, rdzv_id(name, launch), python), log, timeout_s,
                                   ending=lambda proc: end_all(proc, folder, spec_path), env=env, cwd=str(cwd or os.getcwd()))
         code, tail = ran.code, ran.tail
         files = read_rank_files(folder)

@@ -1,9 +1,9 @@
 """Side by side for a distributed scenario: each side's ranks launched from its own tree (its builder file, its
-import roots first, the launcher in its counterpart of this folder), a fresh launch of each side every round, the
-sides' order alternating round by round; each launch's per-step figure is the slowest rank's, its median the
-round's figure for its side, and the rounds are decided by the one rounds decision every side-by-side scenario
-takes. Each side's ranks report the project files they loaded, and a side that ran the other tree's differing code
-fails the scenario, naming the file."""
+import roots first, the launcher in its counterpart of this folder, by its interpreter), a fresh launch of each
+side every round, the sides' order alternating round by round; each launch's per-step figure is the slowest
+rank's, its median the round's figure for its side, and the rounds are decided by the one rounds decision every
+side-by-side scenario takes. Each side's ranks report the project files they loaded, and a side that ran the other
+tree's differing code fails the scenario, naming the file."""
 from __future__ import annotations
 
 import sys
@@ -69,6 +69,7 @@ def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: 
                           "import_roots": their_roots(spec["import_roots"], loaded.current_root, loaded.root)}}
     cwds = {"candidate": here, "baseline": loaded.root / here.relative_to(loaded.current_root)
             if here.is_relative_to(loaded.current_root) else here}
+    pythons = {"candidate": sys.executable, "baseline": a.python or sys.executable}   # --bench-against-python's
     rounds = a.looks(session.config.quick)[0]
     samples: dict[str, list] = {"baseline": [], "candidate": []}
     cold: dict[str, list] = {"baseline": [], "candidate": []}
@@ -79,8 +80,8 @@ def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: 
     def launch(side: str) -> Measurement:
         check = validate and side == "candidate" and side not in first   # the current side's, as a plain run's
         doc = launcher.run_ranks(name, {**specs[side], "validate": check}, topology, session.config.timeout_s,
-                                 launch=next(launches), cwd=cwds[side])
-        ran[side].append({"files": doc.get("loaded", {}), "interpreter": sys.executable, "torch": doc.get("torch")})
+                                 launch=next(launches), cwd=cwds[side], python=pythons[side])
+        ran[side].append({"files": doc.get("loaded", {}), "interpreter": pythons[side], "torch": doc.get("torch")})
         return measurement_from(scenario, doc, device=session.config.device, warmup=w, repeats=r,
                                 items_per_rank=items_per_rank, environment=session.environment)
 
