@@ -334,7 +334,9 @@ def test_two_hosts_gathered_aligned_straggler_named_exposure_measured(no_rank_le
     m = measurement_from(Scenario("paced", ("forward",)), node0, device="cpu", warmup=1, repeats=12,
                          items_per_rank=8, environment={})
     assert m.host_ms == max_over_ranks(rs.host_ms) and [r for r, *_ in rank_rows(rs)] == [0, 1]
-    assert "rank 1 +" in ranks_table([m], wide=True) and "2 gloo on 2 hosts" in ranks_table([m], wide=True)
+    assert sorted(rs.nodes) == [0, 1]   # as each host's command line numbers it, whatever the rendezvous's order
+    table = ranks_table([m], wide=True)
+    assert f"rank 1 on host {socket.gethostname()} (node {rs.nodes[1]}) +" in table and "2 gloo on 2 hosts" in table
     assert os.environ.get("RANK") is None   # nothing leaked into this process
 
 

@@ -54,6 +54,7 @@ class RankSamples:
     local_gpu_ms: tuple[tuple[float, ...], ...] | None = None
     cold_ms: tuple[float, ...] = ()
     hosts: tuple[str, ...] = ()
+    nodes: tuple[int, ...] = ()        # each rank's node, as the hosts' command lines number them (--bench-node-rank)
     replicas_max_abs_diff: float | None = None
     reference: Mapping[str, Any] | None = None
     # the same step at world size 1 (primary figure), launched beside it for the scaling figure; None: not run
@@ -79,11 +80,22 @@ class RankSamples:
             raise InvalidRecord(f"cold_ms has {len(cold)} ranks, the world has {w}")
         object.__setattr__(self, "cold_ms", cold)
         object.__setattr__(self, "hosts", tuple(str(h) for h in self.hosts))
+        object.__setattr__(self, "nodes", tuple(int(k) for k in self.nodes))
+        if self.nodes and len(self.nodes) != w:
+            raise InvalidRecord(f"nodes has {len(self.nodes)} ranks, the world has {w}")
         if self.one_rank_ms is not None:
             object.__setattr__(self, "one_rank_ms", _per_rank([self.one_rank_ms], 1, None, "one_rank_ms")[0])
         d = self.replicas_max_abs_diff
         if d is not None and (not isinstance(d, (int, float)) or not d >= 0):
             raise InvalidRecord(f"replicas_max_abs_diff must be >= 0 or None, got {d!r}")
+
+    def where(self, rank: int) -> str:
+        """Where rank `rank` ran, in words, across hosts ("" on one host): its host and node."""
+        if self.nnodes < 2:
+            return ""
+        host = f" on host {self.hosts[rank]}" if self.hosts else ""
+        node = f" (node {self.nodes[rank]})" if self.nodes else ""
+        return host + node
 
     @property
     def primary(self) -> tuple[tuple[float, ...], ...]:
@@ -99,7 +111,7 @@ class RankSamples:
         for k in ("host_ms", "gpu_ms", "local_host_ms", "local_gpu_ms"):
             v = getattr(self, k)
             d[k] = None if v is None else [list(row) for row in v]
-        d.update(cold_ms=list(self.cold_ms), hosts=list(self.hosts),
+        d.update(cold_ms=list(self.cold_ms), hosts=list(self.hosts), nodes=list(self.nodes),
                  one_rank_ms=None if self.one_rank_ms is None else list(self.one_rank_ms),
                  reference=None if self.reference is None else dict(self.reference))
         return d
@@ -108,7 +120,7 @@ class RankSamples:
     def from_dict(cls, d: Mapping[str, Any]) -> "RankSamples":
         return cls(world_size=d["world_size"], nnodes=d.get("nnodes", 1), backend=d["backend"], host_ms=d["host_ms"],
                    gpu_ms=d.get("gpu_ms"), local_host_ms=d.get("local_host_ms"), local_gpu_ms=d.get("local_gpu_ms"),
-                   cold_ms=d.get("cold_ms") or (), hosts=d.get("hosts") or (),
+                   cold_ms=d.get("cold_ms") or (), hosts=d.get("hosts") or (), nodes=d.get("nodes") or (),
                    replicas_max_abs_diff=d.get("replicas_max_abs_diff"), reference=d.get("reference"),
                    one_rank_ms=d.get("one_rank_ms"))
 

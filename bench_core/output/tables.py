@@ -214,7 +214,8 @@ def ranks_rows(results: Sequence[Measurement]) -> list[list[str]]:
             strag = "-"
         else:
             how = f"{st.excess:+.1%} [{st.ci_low:+.1%}, {st.ci_high:+.1%}]"
-            strag = (f"rank {st.rank} {how}" if st.named else f"none (slowest: rank {st.rank} {how})") + \
+            at = rs.where(st.rank)
+            strag = (f"rank {st.rank}{at} {how}" if st.named else f"none (slowest: rank {st.rank}{at} {how})") + \
                 f" ({st.figure}, p={st.p_value:.2g})"
         ex = exposure(rs)
         if ex is None:

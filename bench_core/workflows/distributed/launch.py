@@ -190,6 +190,7 @@ def samples_from(result: Mapping[str, Any]) -> RankSamples:
                        local_gpu_ms=col("local_gpu_ms"),
                        cold_ms=[r["cold_gpu_ms"] if r.get("cold_gpu_ms") is not None else r["cold_host_ms"] for r in ranks],
                        hosts=[r["host"] for r in ranks], replicas_max_abs_diff=result.get("replicas_max_abs_diff"),
+                       nodes=[r["node"] for r in ranks] if all("node" in r for r in ranks) else (),
                        reference=result.get("reference"))
 
 

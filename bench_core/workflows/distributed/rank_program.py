@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 VALIDATION_STEPS = 3
+NODE_ENV = "BENCH_CORE_NODE_RANK"   # the node's index as the user gave it (the rendezvous numbers nodes its own way)
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,8 @@ class _Rank:
         return self.sampler.warm(fn, what)   # after the barrier, as a timed step would be
 
     def me(self) -> dict:
-        return {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(), "threads": self.threads}
+        return {"rank": self.rank, "host": socket.gethostname(), "node": int(os.environ.get(NODE_ENV, 0)),
+                "pid": os.getpid(), "threads": self.threads}
 
     def gathered(self, mine: Mapping[str, Any]) -> list:
         self.status("gathering")
@@ -393,7 +395,6 @@ def _end_check(me: _Rank, steps: Mapping[str, RankStep], taken: int) -> dict:
 
 
 BEAT_S = 0.5      # how often a rank gives its sign of life
-NODE_ENV = "BENCH_CORE_NODE_RANK"   # the node's index as the user gave it (the rendezvous numbers nodes its own way)
 SILENT_S = 15.0   # a peer without one for this long has ended (its process, its launcher or its host)
 
 
