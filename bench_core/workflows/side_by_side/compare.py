@@ -125,7 +125,8 @@ def open_revision(session, root: Path, project: Path | None = None) -> None:
                 compiled.survey(loaded.current_root, loaded.root, loaded.revision.commit))
     except OSError as exc:   # git could not list the trees
         raise compiled.CompiledError(f"the trees' compiled code could not be listed: {exc}") from None
-    if not code.present or (c.against.rev is None and python.runs_builds_of(compiled.Interpreter.this())):
+    if not code.present or (c.against.rev is None and (python is None or
+                                                      python.runs_builds_of(compiled.Interpreter.this()))):
         return   # (one tree, and an interpreter that runs this one's builds: both sides run the same binaries)
     label, tree = loaded.revision.label, None
     if c.against.rev is None:   # one tree in two interpreters: the other's side gets a copy to build in
