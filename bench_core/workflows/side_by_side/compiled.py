@@ -279,8 +279,9 @@ def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str
     stale = _stale(code, current_root)
     if stale:
         raise CompiledError(f"this tree's built {_shown(code.built)} is older than its source {_shown(stale)}, "
-                            f"edited since the last build: the current side would run a build of other sources than "
-                            f"its own. Build this tree first ({build or 'python setup.py build_ext --inplace'})")
+                            f"changed since the last build (edited, or checked out by git): the current side would run "
+                            f"a build of other sources than its own. Build this tree first "
+                            f"({build or 'python setup.py build_ext --inplace'})")
     if not code.built and build:
         raise CompiledError(f"this tree has compiled sources ({_shown(code.sources)}) but no extension module built "
                             f"from them, and the project declares an ahead-of-time build: build this tree first "
