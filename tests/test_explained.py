@@ -38,6 +38,12 @@ def test_differences_larger_than_the_step_could_hold_are_not_offered_as_an_expla
     lines = explained(base, cand, step_ms=0.1)
     assert lines == ["not explained by a profiler pass (the operators' differences add up to 6.04 ms "
                      "per step, more than the measured step's 0.1 ms could hold)"]
+    # a count that changed in every pass still follows, said to be only that (the torchsort sceptic read it as
+    # the per-operator lines the first line had just refused)
+    counted = explained(_passes({"aten::convolution": (1.0, 1), "aten::mm": (0.1, 1)}),
+                        _passes({"aten::convolution": (7.04, 1), "aten::mm": (0.1, 2)}), step_ms=0.1)
+    assert counted[0].endswith("could hold); below, only calls counted alike in every pass, facts whatever the time")
+    assert counted[1].startswith("aten::mm calls 1 -> 2 per step") and len(counted) == 2
 
 
 def test_one_pass_a_side_cannot_tell_a_move_from_noise_but_a_stored_baselines_runs_can():

@@ -39,6 +39,17 @@ def test_the_comparison_table_fits_keeps_the_verdict_and_wraps_its_notes():
     assert _widest(wide) > WIDTH and "p (adj)" in wide.splitlines()[0]
 
 
+def test_a_ratio_far_below_one_keeps_three_significant_digits():
+    """A 54x speedup reads 0.0188, not 0.019 (2-3% lost to rounding where the ratio is what the reader checks)."""
+    from dataclasses import replace
+
+    from bench_core.output.comparison_tables import comparison_row
+
+    (c,) = compare_sets({"s": runs([10, 10.2, 9.8], name="s")}, {"s": runs([0.2], name="s", seed=3)})
+    assert comparison_row(replace(c, ratio=0.018765))[3] == "0.0188"
+    assert comparison_row(replace(c, ratio=52.4937))[3] == "52.494"
+
+
 def test_a_distribution_plot_shows_every_group_with_its_samples():
     pytest.importorskip("matplotlib")
     from bench_core.output.plots import figure, png

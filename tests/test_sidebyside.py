@@ -863,6 +863,29 @@ def test_the_side_by_side_simulation_drives_the_decisions_own_looks_and_chase():
     assert any(n > 12 for _, n in runs) and all(n in looks for _, n in runs)
 
 
+def test_an_undecided_comparison_says_whether_its_rounds_ran_out_or_the_keep_going_rule_stopped_them():
+    """The advice names what would change the outcome: at the last look, the most rounds; stopped at an earlier
+    look because a change beyond half the threshold no longer looked likely, rounds at each look (the torchsort
+    sceptic's inconclusive run had been told to raise a maximum it never reached)."""
+    from bench_core.deciding.sequential import planned_looks
+    from bench_core.timing.protocol import Rounds
+    from bench_core.timing.sampling import Sample
+    from bench_core.workflows.side_by_side.compare import Judge
+
+    looks = planned_looks(12, 36, 12)
+    judge = Judge(Scenario("s", ("compute",)), "cpu", 0.02, GateConfig(threshold=0.02), 1, looks)
+
+    def rounds(n):   # a null change, rounds spread +-10%: nothing within 2% can be ruled out
+        base = tuple((Sample(10.0),) for _ in range(n))
+        cand = tuple((Sample(10.0 * math.exp(0.1 * (-1) ** k)),) for k in range(n))
+        return Rounds(baseline=base, candidate=cand)
+    stopped, ran_out = judge(rounds(24), "host"), judge(rounds(36), "host")
+    assert stopped.verdict == ran_out.verdict == INCONCLUSIVE
+    assert "stopped after 24 of up to 36 rounds" in stopped.reason and "--bench-rounds, now 12" in stopped.reason
+    assert "--bench-max-rounds" not in stopped.reason
+    assert "more rounds would narrow it (--bench-max-rounds, now 36)" in ran_out.reason
+
+
 def _quality_script(name: str):
     import importlib.util
     import pathlib

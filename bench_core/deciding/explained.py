@@ -79,6 +79,7 @@ def explained(base: Sequence[Pass], cand: Sequence[Pass], step_ms: float | None,
                          f"alternated passes a side" + (", in the step's direction)" if step_ms is not None else ")")]
     total = sum(size for size, _ in named)
     if step_ms is not None and total > SIZE_SLACK * abs(step_ms):
+        follows = "; below, only calls counted alike in every pass, facts whatever the time" if facts else ""
         return [f"not explained by a profiler pass (the operators' differences add up to {total:.3g} ms "
-                f"per step, more than the measured step's {abs(step_ms):.3g} ms could hold)", *facts]
+                f"per step, more than the measured step's {abs(step_ms):.3g} ms could hold){follows}", *facts]
     return [text for _, text in named] + facts

@@ -28,7 +28,8 @@ def comparison_row(c: Comparison) -> list[str]:
     p = "-" if c.p_value is None else f"{c.p_value:.2g} ({c.p_adjusted:.2g})"
     # the baseline's own run-to-run spread, measured: how much one run of it may be trusted
     spread = "" if c.baseline_spread is None else f" ({math.expm1(c.baseline_spread):.1%})"
-    return [c.name, num(c.baseline_median, ".4g"), num(c.candidate_median, ".4g"), num(c.ratio, ".3f"), ci, p,
+    ratio = num(c.ratio, ".3f" if c.ratio is None or c.ratio >= 0.1 else ".3g")   # 0.0188, not 0.019
+    return [c.name, num(c.baseline_median, ".4g"), num(c.candidate_median, ".4g"), ratio, ci, p,
             f"{c.baseline_runs}/{c.candidate_runs}{spread}", c.verdict]
 
 

@@ -385,9 +385,15 @@ class Judge:
         diffs = scenario_differences(theirs.with_metadata(device=self.device), self.scenario) \
             if theirs is not None else {}
         est = estimate_rounds(self.scenario.name, res, self.threshold, timer=timer, differences=diffs, looks=self.looks)
-        budget = f"--bench-max-rounds, now {self.looks[-1]}" if self.looks else "--bench-rounds"
-        (c,) = decide_family([est], self.gate, family_size=self.family_size,
-                             advice=lambda _more: f"more rounds would narrow it ({budget}), or a quieter runner")
+        ran = len(res.baseline)
+        if self.looks and ran < self.looks[-1]:   # the keep-going rule stopped it: more of the same would not help
+            said = (f"it stopped after {ran} of up to {self.looks[-1]} rounds, where a change beyond "
+                    f"{self.threshold / 2:.1%} no longer looked likely; more rounds at each look (--bench-rounds, now "
+                    f"{self.looks[0]}) or a quieter runner would narrow it")
+        else:
+            budget = f"--bench-max-rounds, now {self.looks[-1]}" if self.looks else "--bench-rounds"
+            said = f"more rounds would narrow it ({budget}), or a quieter runner"
+        (c,) = decide_family([est], self.gate, family_size=self.family_size, advice=lambda _more: said)
         return c
 
     def go_on(self, res) -> bool:   # in this process: timed as the Measurement below will be
