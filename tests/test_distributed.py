@@ -486,7 +486,7 @@ def test_a_peer_is_judged_by_its_counter_not_a_clock_and_one_that_ended_or_faile
     """Peer watching on a fake store and clock: a peer whose counter stops for the silence is named with what it
     last said; one that finished never is; one that failed is named at once; a store that goes names the peer whose
     launcher held it (the rendezvous's node 0)."""
-    from bench_core.workflows.distributed.rank_program import PeerWatch, peer_ended
+    from bench_core.workflows.distributed.peers import PeerWatch, peer_ended
 
     now = [0.0]
     store = _Store()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from bench_core.core.errors import ScenarioError
-from bench_core.workflows.distributed.rank_program import NODE_ENV
+from bench_core.workflows.distributed.peers import NODE_ENV
 from bench_core.core.records import ColdStart, Measurement
 from bench_core.core.ranks import RankSamples, max_over_ranks
 from bench_core.core.scenario import Scenario
