@@ -499,44 +499,26 @@ def run_served(pair: Mapping[str, Any], sampler: Sampler, *, threads: int | None
                       **rounds_kw)
 
 
-def open_pairs(spawn: Mapping[str, Callable[[int], Any]], ks: Sequence[int], opened: dict[int, dict[str, Any]], *,
-               seed: int = 0) -> list[dict[str, Any]]:
-    """The pairs of servers numbered `ks`, ready to serve (also kept in `opened`, for `close_pairs`):
-    `spawn[side](k)` gives side's server of pair k (each pair's two started in a seeded random order, every pair
-    started before any is waited for, each loading its code meanwhile)."""
-    for k in ks:
-        opened[k] = {}
-        for side in random.Random(seed + k).sample(SIDES, 2):
-            opened[k][side] = on_side(side, lambda: spawn[side](k))
-    for k in ks:
-        for step in ("start_item", "reach", "wait_ready"):   # each step of both before the next (`Worker.assign`)
-            for side, w in opened[k].items():
-                on_side(side, getattr(w, step))
-    return [opened[k] for k in ks]
-
-
-def close_pairs(opened: Mapping[int, Mapping[str, Any]], ok: bool,
-                release: Callable[[str, int, Any, bool], None] | None = None) -> None:
-    """Each server of the pairs opened to `release(side, k, server, ok)` (default: ended)."""
+def with_pair(spawn: Mapping[str, Callable[[int], Any]], k: int, work: Callable[[Mapping[str, Any]], Any], *,
+              seed: int = 0, release: Callable[[str, int, Any, bool], None] | None = None) -> Any:
+    """`work(pair)` with pair `k` of servers ready to serve: `spawn[side](k)` gives side's server, the two started
+    in a seeded random order, each loading its code while the other starts, then each step of both before the
+    next (`Worker.assign`). Afterwards each server goes to `release(side, k, server, ok)` (default: ended)."""
     release = release or (lambda side, j, w, ok: w.close())
-    for k, servers in opened.items():
-        for side, w in servers.items():
-            release(side, k, w, ok)
-
-
-def with_servers(spawn: Mapping[str, Callable[[int], Any]], ks: Sequence[int],
-                 work: Callable[[list[Mapping[str, Any]]], Any], *, seed: int = 0,
-                 release: Callable[[str, int, Any, bool], None] | None = None) -> Any:
-    """`work(pairs)` with the pairs of servers numbered `ks` (`open_pairs`); afterwards each server goes to
-    `release(side, k, server, ok)` (default: ended)."""
-    opened: dict[int, dict[str, Any]] = {}
+    pair: dict[str, Any] = {}
     ok = False
     try:
-        out = work(open_pairs(spawn, ks, opened, seed=seed))
+        for side in random.Random(seed + k).sample(SIDES, 2):
+            pair[side] = on_side(side, lambda: spawn[side](k))
+        for step in ("start_item", "reach", "wait_ready"):
+            for side, w in pair.items():
+                on_side(side, getattr(w, step))
+        out = work(pair)
         ok = True
         return out
     finally:
-        close_pairs(opened, ok, release)
+        for side, w in pair.items():
+            release(side, k, w, ok)
 
 
 def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *, processes: int, rounds: int,
@@ -546,8 +528,7 @@ def run_processes(spawn: Mapping[str, Callable[[int], Any]], sampler: Sampler, *
     each pair in turn runs `rounds` rounds, and is the unit of evidence (`Rounds.units`)."""
     if processes < 3:
         raise ValueError(f"worker mode needs at least 3 pairs of processes, got {processes}")
-    return joined([with_servers(spawn, [k], lambda servers: run_served(servers[0], sampler, rounds=rounds, pairs=pairs,
-                                                                       seed=seed + k, min_rounds=1, warm_ms=warm_ms,
-                                                                       threads=threads),
-                                seed=seed, release=release)
+    return joined([with_pair(spawn, k, lambda pair: run_served(pair, sampler, rounds=rounds, pairs=pairs, seed=seed + k,
+                                                               min_rounds=1, warm_ms=warm_ms, threads=threads),
+                             seed=seed, release=release)
                    for k in range(processes)])

@@ -22,7 +22,7 @@ from bench_core.deciding.verdicts import FASTER, SLOWER
 from bench_core.timing.backends import CpuBackend, backend_for
 from bench_core.timing.counts import QUICK
 from bench_core.timing.protocol import (PAIRS_MAX, ROUND_PAIRS_MS, ROUND_WARM_MS, SideError, on_side, run_processes,
-                                        run_rounds, run_served, with_servers)
+                                        run_rounds, run_served, with_pair)
 from bench_core.timing.sampling import Sampler, set_threads
 from bench_core.workflows.side_by_side.fidelity import kept_note
 
@@ -269,12 +269,12 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
 def _forked_rounds(session, name: str, spawn, release, profiled: list, rounds, judge):
     """`rounds(pair)` (`run_served`) on a pair of servers from the pool, ended after the scenario; a slower or
     faster verdict's profiler passes go to `profiled`."""
-    def work(pairs):
-        res = rounds(pairs[0])
+    def work(pair):
+        res = rounds(pair)
         if not session.config.quick and judge(res, "host").verdict in (SLOWER, FASTER):
-            profiled.extend(_profile_served(session, name, pairs[0]))
+            profiled.extend(_profile_served(session, name, pair))
         return res
-    return with_servers(spawn, [0], work, seed=session.config.against.seed, release=release)
+    return with_pair(spawn, 0, work, seed=session.config.against.seed, release=release)
 
 
 def _profile_served(session, name: str, servers) -> list:
@@ -293,7 +293,7 @@ def _profile_served(session, name: str, servers) -> list:
 
 
 def _release_to(pool, keep: Callable[[str, Mapping], Any]):
-    """A pair's `release` for `with_servers`: each server's own report on what it ran kept (`keep(side, report)`),
+    """A pair's `release` for `with_pair`: each server's own report on what it ran kept (`keep(side, report)`),
     then the server told its item is done and returned to `pool`, or ended if anything went wrong."""
     def release(side, j, worker, ok):
         keep(side, worker.ran)
@@ -320,7 +320,7 @@ def count_instructions(session, name: str, sides: Mapping[str, tuple[Mapping, Ma
     spawn = {side: (lambda j, side=side: pool.get(side, j, {**sides[side][0], "instructions": folder},
                                                   sides[side][1])) for side in sides}
     try:
-        with_servers(spawn, [0], lambda servers: None, release=_release_to(pool, reports.__setitem__))
+        with_pair(spawn, 0, lambda pair: None, release=_release_to(pool, reports.__setitem__))
     except SideError as exc:
         session.not_counted(name, "instructions not counted", exc.problem)
         return None, None
