@@ -232,7 +232,7 @@ def test_bisect_builds_each_commit_it_tests_once_and_finds_the_commit_that_made_
     counter = tmp_path / "built.txt"
     build = f"tail -n 1 fastpkg/__init__.py >> {counter} && {BUILD}"   # "# commit i": which commit was built
     code = main(["bisect", shas[0], shas[-1], "-k", "fast", "--repo", str(tmp_path), "--build", build, "--",
-                 "--bench-rounds", "5", "--bench-pairs", "2", "--bench-worker-pairs", "3",
+                 "--bench-rounds", "3", "--bench-pairs", "2", "--bench-worker-pairs", "3",
                  "--bench-malloc", "pinned"])   # one pair of servers a side: cheaper, same point
     out = capsys.readouterr().out
     assert code == 0, out

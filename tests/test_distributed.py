@@ -558,12 +558,17 @@ def test_changed(bench):
 '''
 
 
-def test_distributed_scenarios_side_by_side_each_sides_ranks_from_its_own_tree(pytester, no_rank_left):
+def test_distributed_scenarios_side_by_side_each_sides_ranks_from_its_own_tree(pytester, no_rank_left, monkeypatch):
     """`--bench-against HEAD` on a distributed scenario whose builder's step sleeps 10 ms in HEAD and 40 ms in the
-    work tree: each side's ranks launched from its own tree every round (their loaded files say so), called slower
-    (the test fails), about 3.7x (each step also trains a small MLP). Three rounds, a launch a side each: the effect
-    is large so that three rounds decide it on a loaded machine; the decisions' other cases are below, faked."""
+    work tree: each side's ranks launched from its own tree every round (their loaded files say so), the ratio
+    about 3.7x (each step also trains a small MLP). Real launches cost about 3 s each here, so this test runs two
+    rounds, fewer than any run may (too few to decide: the decisions are the faked test's below)."""
+    from dataclasses import replace
+
+    from bench_core.workflows.side_by_side import compare
     from test_fidelity import commit_all
+
+    monkeypatch.setattr(compare, "QUICK", replace(compare.QUICK, rounds=2))
 
     pytester.syspathinsert()
     pytester.makepyfile(zoo_ranks=ZOO_RANKS.format(pace=10.0), test_zoo=ZOO_TEST)
@@ -571,15 +576,13 @@ def test_distributed_scenarios_side_by_side_each_sides_ranks_from_its_own_tree(p
     pytester.makepyfile(zoo_ranks=ZOO_RANKS.format(pace=40.0))
     res = pytester.runpytest("--bench-against", "HEAD", "--bench-quick", "--bench-out", "out", "--bench-threads", "1",
                              "-p", "no:randomly")
-    res.assert_outcomes(failed=1)
-    res.stdout.fnmatch_lines(["*scenario 'changed': slower against revision 'HEAD'*"])
     (path,) = (pytester.path / "out").glob("session-*.json")
     recs = {r["scenario"]: r for r in json.loads(path.read_text())["against"]["scenarios"]}
-    assert 2.8 <= recs["changed"]["comparison"]["ratio"] <= 4.4
+    assert 2.8 <= recs["changed"]["comparison"]["ratio"] <= 4.4, res.stdout.str()
     for rec in recs.values():
-        assert "each side's 2 ranks launched afresh from its own tree" in rec["comparison"]["method"]
+        assert "2 rounds, each side's 2 rank(s) launched afresh from its own tree" in rec["comparison"]["method"]
         ran = rec["code"]["processes_ran"]
-        assert len(ran["baseline"]) == len(ran["candidate"]) == 3     # a launch of each side every round
+        assert len(ran["baseline"]) == len(ran["candidate"]) == 2     # a launch of each side every round
         theirs = [f for f in ran["baseline"][0]["files"] if f.endswith("zoo_ranks.py")]
         mine = [f for f in ran["candidate"][0]["files"] if f.endswith("zoo_ranks.py")]
         assert mine == [str((pytester.path / "zoo_ranks.py").resolve())]

@@ -187,7 +187,7 @@ def test_a_server_that_hangs_or_crashes_is_named_and_ended(tmp_path, body, needl
     init, spec = _worker_test(tmp_path, body)
     (tmp_path / "tmp").mkdir()
     init["env"]["TMPDIR"] = str(tmp_path / "tmp")
-    w = Worker(init, timeout_s=3)
+    w = Worker(init, timeout_s=2)
     w.assign(spec)
     with pytest.raises(ScenarioError, match=needle):
         w.wait_ready()

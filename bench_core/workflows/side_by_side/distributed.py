@@ -117,7 +117,7 @@ def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: 
     commit = loaded.revision.commit
     c = replace(judge(res, m.timer), method=(
         f"side by side with {a.label} ({commit[:12] if commit else 'no commit'}): {rounds} rounds, each side's "
-        f"{topology.world_size} ranks launched afresh from its own tree every round, the order alternating; the "
+        f"{topology.world_size} rank(s) launched afresh from its own tree every round, the order alternating; the "
         f"slowest rank per step"))
     session.record_side_by_side(c, res.to_dict(), {"why_processes": "a distributed scenario: each side's ranks are "
                                                                     "processes of their own", "processes_ran": ran})
