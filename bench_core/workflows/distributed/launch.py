@@ -159,8 +159,9 @@ def run_ranks(name: str, spec: Mapping[str, Any], topology: Topology, timeout_s:
         log = folder / "launcher.log"
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
                NODE_ENV: str(topology.node_rank)}
-        ran = children.run_logged(launch_command(topology, spec_path, rdzv_id(name, launch), python), log, timeout_s,
-                                  ending=lambda proc: end_all(proc, folder, spec_path), env=env, cwd=str(cwd or os.getcwd()))
+        argv = launch_command(topology, spec_path, rdzv_id(name, launch), python)
+        ran = children.run_logged(argv, log, timeout_s, ending=lambda proc: end_all(proc, folder, spec_path), env=env,
+                                  cwd=str(cwd or os.getcwd()))
         code, tail = ran.code, ran.tail
         files = read_rank_files(folder)
         if code is None:
