@@ -669,7 +669,7 @@ def test_distributed_side_by_side_decides_both_ways_and_a_revision_without_it_or
     verdicts = {r["scenario"]: r["comparison"]["verdict"] for r in doc["scenarios"]}
     assert verdicts == {"same_b": "unchanged", "slow_b": "slower", "fast_b": "faster"}
     res.stdout.fnmatch_lines(["*new_b.py does not exist in HEAD*"])
-    res.stdout.fnmatch_lines(["*HEAD failed: rank 0 failed during 'build': boom*"])
+    res.stdout.fnmatch_lines(["*HEAD failed in round 1 of 3: rank 0 failed during 'build': boom*"])
     # in another interpreter (--bench-against-python): the revision's ranks launched by it, the current side's not
     (pytester.path / "launches.txt").unlink()
     other = str(Path(sys.executable).with_name("python3"))
@@ -679,3 +679,16 @@ def test_distributed_side_by_side_decides_both_ways_and_a_revision_without_it_or
     launched = [line.split() for line in (pytester.path / "launches.txt").read_text().splitlines()]
     assert {(folder == pytester.path.name, python) for _, folder, python in launched} == {
         (True, sys.executable), (False, other)}
+
+
+def test_the_revisions_ranks_import_from_its_tree_and_in_another_interpreter_not_from_this_environment(tmp_path):
+    """A root inside this tree becomes the revision's counterpart (dropped where the revision has none); the
+    environment's roots stay, except for ranks run by --bench-against-python, whose packages are their own."""
+    from bench_core.workflows.side_by_side.distributed import their_roots
+
+    here, rev, site = tmp_path / "here", tmp_path / "rev", tmp_path / "site-packages"
+    for folder in (here / "src", here / "gone", rev / "src", site):
+        folder.mkdir(parents=True)
+    roots = [str(here / "src"), str(here / "gone"), str(site)]
+    assert their_roots(roots, here, rev) == [str(rev / "src"), str(site)]
+    assert their_roots(roots, here, rev, own_environment=True) == [str(rev / "src")]

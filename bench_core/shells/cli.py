@@ -236,7 +236,7 @@ def cmd_merge(ns) -> int:
             shards.read_durations(Path(ns.durations))
         path = shards.write_merged(doc, Path(ns.out))
         timed = shards.write_durations(doc, Path(ns.durations)) if ns.durations else None
-    except (BenchError, ValueError) as exc:
+    except (BenchError, ValueError, OSError) as exc:
         print(f"bench_core merge: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"{doc['merged']['count']} shards, {len(doc['results'])} scenario(s) ({len(doc['errors'])} failed) merged "

@@ -174,7 +174,7 @@ def pytest_collection_modifyitems_shard(config, items):
     if gone:
         config.hook.pytest_deselected(items=gone)
     items[:] = [i for i in items if where[i.nodeid] == k]
-    known = sum(1 for t in ids if durations and t in durations)
+    known = sum(1 for t in ids if durations and durations.get(t, 0) > 0)   # what `assign` deals by
     balanced = (f"by the durations in {c.shard_durations} ({known} of {len(ids)} tests known)" if known else
                 "round robin" + (f" ({c.shard_durations} is not there yet)" if c.shard_durations is not None and
                                  durations is None else ""))

@@ -82,7 +82,7 @@ def assign(ids: Sequence[str], n: int, durations: Mapping[str, float] | None = N
     if not known:
         return {t: i % n + 1 for i, t in enumerate(ordered)}
     fill = known[len(known) // 2]
-    cost = {t: (durations or {}).get(t) or fill for t in ordered}
+    cost = {t: durations[t] if t in durations else fill for t in ordered}
     load = [0.0] * n
     out = {}
     for t in sorted(ordered, key=lambda t: (-cost[t], t)):

@@ -117,7 +117,7 @@ def between_ranks(exc: BaseException) -> bool:
     import torch.distributed as dist
 
     text = str(exc)
-    return isinstance(exc, dist.DistError) or isinstance(exc, RuntimeError) and any(
+    return isinstance(exc, getattr(dist, "DistError", RuntimeError)) or isinstance(exc, RuntimeError) and any(
         mark in text for mark in ("Connection closed", "Connection reset", "remote worker", "gloo", "NCCL"))
 
 

@@ -432,8 +432,9 @@ def run_rank(spec: Mapping[str, Any], status: Callable[[str], None],
         me = _Rank(spec, status)
         out = ab_rank(me) if spec.get("ab") else profile_rank(me) if spec.get("profile") else measure_rank(me)
         status("done")
-        if watch is not None:
-            watch.stop()
+        if watch is not None:   # every rank stops watching before any ends: a store held by a rank's process
+            watch.stop()        # (older torch) goes with it, and a rank still watching would take that for a death
+            dist.barrier()
         if me.local_rank != 0:
             return None
         return {"world_size": me.world, "nnodes": me.world // int(os.environ.get("LOCAL_WORLD_SIZE", me.world)),

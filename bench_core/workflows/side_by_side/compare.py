@@ -119,19 +119,21 @@ def open_revision(session, root: Path, project: Path | None = None) -> None:
     c = session.config   # its stored baselines and references are data, not code: they never make the tree dirty
     own = [p if p.suffix == "" else p.parent for p in (c.results_dir, c.history) if isinstance(p, Path)]
     session.revision = loaded = LoadedRevision(root, c.against.rev, data=(c.baselines_dir, c.references_dir, *own))
-    python = compiled.Interpreter.of(c.against.python) if c.against.python else None
     try:
         code = (compiled.survey_tree(loaded.current_root) if c.against.rev is None else
                 compiled.survey(loaded.current_root, loaded.root, loaded.revision.commit))
     except OSError as exc:   # git could not list the trees
         raise compiled.CompiledError(f"the trees' compiled code could not be listed: {exc}") from None
+    python = compiled.Interpreter.of(c.against.python) if c.against.python and code.present else None
     if not code.present or (c.against.rev is None and (python is None or
                                                       python.runs_builds_of(compiled.Interpreter.this()))):
         return   # (one tree, and an interpreter that runs this one's builds: both sides run the same binaries)
     label, tree = loaded.revision.label, None
     if c.against.rev is None:   # one tree in two interpreters: the other's side gets a copy to build in
         loaded.use_copy()
-        label, tree = "the other interpreter", f"{loaded.current.commit}:{loaded.current.diff_sha256}"
+        # what the copy holds: the commit, this tree's changes, and its compiled sources as read now
+        label = "the other interpreter"
+        tree = f"{loaded.current.commit}:{loaded.current.diff_sha256}:{code.digests[0]}"
     cache = compiled.cache_folder(loaded.current_root / ".bench" / "builds")
     ignored_by_git(cache)
     top, here = loaded.current_root.resolve(), Path(project or root).resolve()

@@ -27,9 +27,10 @@ from bench_core.workflows.side_by_side.compare import Judge, check_processes
 SIDES_ORDER = (("baseline", "candidate"), ("candidate", "baseline"))   # alternated round by round
 
 
-def their_roots(roots, current_root: Path, rev_root: Path) -> list[str]:
+def their_roots(roots, current_root: Path, rev_root: Path, own_environment: bool = False) -> list[str]:
     """The revision's import roots: each root inside this tree as its counterpart in the revision's tree (where it
-    has one), the others (the environment's) as they are."""
+    has one), the others (the environment's) as they are; none of them where its ranks run in an environment of
+    their own (`own_environment`: --bench-against-python), whose packages are its own."""
     out = []
     for p in roots:
         q = Path(p).resolve()
@@ -37,9 +38,23 @@ def their_roots(roots, current_root: Path, rev_root: Path) -> list[str]:
             there = rev_root / q.relative_to(current_root)
             if there.exists():
                 out.append(str(there))
-        else:
+        elif not own_environment:
             out.append(p)
     return out
+
+
+def _sides(loaded, spec: Mapping[str, Any], theirs: Path, python: str | None) -> tuple[dict, dict, dict]:
+    """Each side's rank spec, launch folder and interpreter: the revision's builder file and import roots, its
+    counterpart of this folder (its root where it has none), --bench-against-python's interpreter."""
+    proof_roots = [str(loaded.current_root), str(loaded.root)]
+    pythons = {"candidate": sys.executable, "baseline": python or sys.executable}
+    here = Path.cwd().resolve()
+    specs = {"candidate": {**spec, "proof_roots": proof_roots},
+             "baseline": {**spec, "proof_roots": proof_roots, "builder_file": str(theirs),
+                          "import_roots": their_roots(spec["import_roots"], loaded.current_root, loaded.root,
+                                                      own_environment=pythons["baseline"] != sys.executable)}}
+    there = loaded.root / here.relative_to(loaded.current_root) if here.is_relative_to(loaded.current_root) else here
+    return specs, {"candidate": here, "baseline": there if there.is_dir() else loaded.root}, pythons
 
 
 def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: int = 2,
@@ -55,21 +70,18 @@ def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: 
     spec = rank_spec(session, name, build, topology, params, warmup=w, repeats=r, validate=False)
     mine = Path(spec["builder_file"])
     label = loaded.revision.label
-    theirs = loaded.counterpart(mine) if mine.is_relative_to(loaded.current_root) else None
-    if theirs is None or not theirs.exists():
-        where = theirs.relative_to(loaded.root) if theirs is not None else mine
-        session.not_compared(name, f"measured on the current tree only: {where} does not exist in {label}",
-                             new=True)
+    # a builder outside the repository (an installed package's) is the same file on both sides
+    theirs = loaded.counterpart(mine) if mine.is_relative_to(loaded.current_root) else mine
+    if not theirs.exists():
+        session.not_compared(name, f"measured on the current tree only: {theirs.relative_to(loaded.root)} does not "
+                                   f"exist in {label}", new=True)
         return run_distributed(session, scenario, build, nproc=nproc, params=params, items_per_rank=items_per_rank,
                                warmup=warmup, repeats=repeats, validate=validate, scaling=scaling)
-    proof_roots = [str(loaded.current_root), str(loaded.root)]
-    here = Path.cwd().resolve()
-    specs = {"candidate": {**spec, "proof_roots": proof_roots},
-             "baseline": {**spec, "proof_roots": proof_roots, "builder_file": str(theirs),
-                          "import_roots": their_roots(spec["import_roots"], loaded.current_root, loaded.root)}}
-    cwds = {"candidate": here, "baseline": loaded.root / here.relative_to(loaded.current_root)
-            if here.is_relative_to(loaded.current_root) else here}
-    pythons = {"candidate": sys.executable, "baseline": a.python or sys.executable}   # --bench-against-python's
+    for asked, what in ((scaling, "the one-rank scaling figure"), (session.config.count_flops, "FLOPs"),
+                        (session.config.profile is not None, "the diagnose pass")):
+        if asked:
+            session.not_counted(name, f"{what} not taken", "side by side measures the step time only")
+    specs, cwds, pythons = _sides(loaded, spec, theirs, a.python)
     rounds = a.looks(session.config.quick)[0]
     samples: dict[str, list] = {"baseline": [], "candidate": []}
     cold: dict[str, list] = {"baseline": [], "candidate": []}
@@ -93,7 +105,8 @@ def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: 
                 except ScenarioError as exc:
                     if side == "candidate":
                         raise
-                    session.not_compared(name, f"not compared: {label} failed: {exc.problem}")
+                    session.not_compared(name, f"not compared: {label} failed in round {k + 1} of {rounds}: "
+                                               f"{exc.problem}")
                     return run_distributed(session, scenario, build, nproc=nproc, params=params,
                                            items_per_rank=items_per_rank, warmup=warmup, repeats=repeats,
                                            validate=validate, scaling=scaling)
