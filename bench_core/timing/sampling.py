@@ -49,7 +49,7 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-_kept_frozen = False   # this process froze what exists for good (`keep_frozen`), or a freeze was found
+_kept_frozen = False   # this process froze what exists for good (`keep_frozen`), or a freeze was found: sticky
 
 
 def keep_frozen() -> None:
