@@ -583,10 +583,9 @@ def test_the_launches_of_side_by_side_run_each_trees_own_code_for_real(tmp_path,
         assert ran["baseline"] == [str((loaded.root / "zoo_ranks.py").resolve())]
     finally:
         loaded.close()
-    step = {side: statistics.median(max_over_ranks(measurement_from(Scenario("changed", ("forward",)), doc,
-                                                                       device="cpu", warmup=1, repeats=5,
-                                                                       items_per_rank=None, environment={}).ranks.host_ms))
-            for side, doc in docs.items()}
+    step = {side: statistics.median(measurement_from(Scenario("changed", ("forward",)), doc, device="cpu", warmup=1,
+                                                     repeats=5, items_per_rank=None, environment={}).host_ms)
+            for side, doc in docs.items()}   # the slowest rank's time per step
     assert 2.5 <= step["candidate"] / step["baseline"] <= 5.0, step   # one launch a side: a launch keeps its bias
 
 
