@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from bench_core.workflows.distributed import peers
+from bench_core.workflows.side_server import loaded_files
 
 VALIDATION_STEPS = 3
 
@@ -395,20 +396,6 @@ def _end_check(me: _Rank, steps: Mapping[str, RankStep], taken: int) -> dict:
             "ok": me.max_over_ranks(0.0 if close and len(a) == len(b) else 1.0) == 0.0, "rtol": rtol, "atol": atol}
 
 
-def _loaded_under(roots: Sequence[str]) -> dict[str, str | None]:
-    """The files of this rank's modules under `roots` (each side's tree, side by side), with their sha256: which
-    code it ran, for the parent to check against the side's own tree."""
-    from bench_core.workflows.side_by_side.revisions import file_sha256
-
-    inside = [Path(r).resolve() for r in roots]
-    out = {}
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if path and any(Path(path).resolve().is_relative_to(r) for r in inside):
-            out[str(Path(path).resolve())] = file_sha256(Path(path))
-    return out
-
-
 def run_rank(spec: Mapping[str, Any], status: Callable[[str], None],
              on_silent: Callable[[int, Mapping[str, Any]], None] | None = None,
              phase: Callable[[], str] = lambda: "") -> dict | None:
@@ -439,7 +426,7 @@ def run_rank(spec: Mapping[str, Any], status: Callable[[str], None],
             return None
         return {"world_size": me.world, "nnodes": me.world // int(os.environ.get("LOCAL_WORLD_SIZE", me.world)),
                 "backend": spec["backend"], "torch": torch.__version__, **out,
-                **({"loaded": _loaded_under(spec["proof_roots"])} if spec.get("proof_roots") else {})}
+                **({"loaded": loaded_files(spec["proof_roots"])} if spec.get("proof_roots") else {})}
     except BaseException as exc:
         if watch is not None and peers.between_ranks(exc):   # a peer's end, seen by a collective: name that peer
             found = watch.culprit()
