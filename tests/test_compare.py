@@ -381,3 +381,37 @@ def test_one_fail_rule_and_one_tally_for_every_gate():
     assert not c("faster").fails() and not c("inconclusive").fails() and c("inconclusive").fails(strict=True)
     assert tally([c("slower"), c("faster"), c("inconclusive"), c("new")]) == (
         "2 of 3 scenario(s) decided: 1 slower, 1 faster, 0 unchanged; 1 inconclusive, 0 incomparable", 2, 3)
+
+
+def test_a_run_that_jumped_far_beyond_the_machines_spread_keeps_its_own_spread_and_calls_nothing():
+    import numpy as np
+
+    from bench_core.core.stats import VariancePrior
+    from bench_core.deciding.estimate import estimate_logs
+    from bench_core.deciding.slow_runs import SlowRuns
+
+    # a fleet's prior: 2% run to run, fitted from thousands of scenarios (what a merged suite of 2,000 gives)
+    strong = VariancePrior(0.02 ** 2, 3000, "fitted for the test")
+    cfg = GateConfig(min_runs=1)
+
+    def decided(b, c, prior=strong):
+        (out,) = decide_family([estimate_logs(np.log(b), np.log(c), cfg, prior, name="s")], cfg)
+        return out
+    tight = [1.0, 1.01, 0.99]
+    # one baseline run 1.5x among tight ones: before, the prior's 2% replaced its own spread and a plain run read
+    # "faster" 0.87; now that side keeps its own spread, and the note says why nothing is decided
+    jumped_base = decided([1.5, 1.0, 1.01], [1.0])
+    assert jumped_base.verdict == INCONCLUSIVE and jumped_base.ratio < 0.9
+    assert any("the baseline's runs spread far beyond this machine's usual" in n and "re-record the baseline" in n
+               for n in jumped_base.notes)
+    jumped_cand = decided(tight, [1.5, 1.0, 1.01])     # a candidate run that jumped, with two fresh ones that did not
+    assert jumped_cand.verdict == INCONCLUSIVE and any("the candidate's runs spread far" in n for n in jumped_cand.notes)
+    # a real change every run agrees on is still called, and an ordinary scenario still borrows the machine's spread
+    assert decided(tight, [1.5, 1.51, 1.49]).verdict == SLOWER
+    ordinary = decided([1.0, 1.03, 0.98], [1.01, 0.99, 1.02])
+    assert not ordinary.notes and ordinary.run_spread == pytest.approx(0.02, rel=0.01)
+    # on a machine with slow processes, a run at its slow level is the model's to explain, not a jump
+    two = VariancePrior(0.02 ** 2, 3000, "fitted for the test", SlowRuns(0.05, math.log(1.1), 900, 300))
+    slow_run = decided([1.1, 1.0, 1.01], [1.0], two)
+    assert not slow_run.notes and slow_run.slow_runs is not None
+

@@ -197,6 +197,14 @@ def t_quantile(p: float, df: float) -> float:
     return float(-_sp.stdtrit(df, p))
 
 
+def variance_ratio_sf(x: float, df: float, prior_df: float) -> float:
+    """P(F > x) for a sample variance on `df` degrees of freedom over a prior variance worth `prior_df` (F's upper
+    tail; an infinite prior_df: the chi-square's, the prior then known exactly)."""
+    if math.isinf(prior_df):
+        return float(_sp.gammaincc(df / 2.0, df * x / 2.0))
+    return float(_sp.fdtrc(df, prior_df, x))
+
+
 def t_interval(d: float, se: float, df: float, confidence: float) -> tuple[float, float]:
     """Two-sided interval of d at `confidence`."""
     q = float(_sp.stdtrit(df, 0.5 + confidence / 2.0))

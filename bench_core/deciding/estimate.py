@@ -39,7 +39,7 @@ from bench_core.core.environment import differences
 from bench_core.core.records import Measurement, throttled
 from bench_core.core.scenario import INFORMATIONAL, Scenario, thaw
 from bench_core.core.stats import (VariancePrior, fit_variance_prior, mann_whitney, mann_whitney_min_p, median_log_se,
-                                   t_quantile, t_test)
+                                   t_quantile, t_test, variance_ratio_sf)
 from bench_core.deciding.comparison import Comparison, GateConfig
 from bench_core.deciding.slow_runs import Difference, difference, fit_slow_runs
 from bench_core.deciding.verdicts import INCOMPARABLE, INCONCLUSIVE, NEW
@@ -164,11 +164,22 @@ def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prio
               "looks": len(config.looks), "min_runs": config.min_runs,
               "looks_at": f"at {', '.join(map(str, config.looks))} candidate runs",
               "baseline_spread": float(np.std(b_log, ddof=1)) if k > 1 else None, **common}
-    if prior.slow is not None:
+    machine = prior
+    wild = [side for side, x in (("baseline", b_log), ("candidate", c_log))
+            if x.size > 1 and _beyond_machine(float(np.var(x, ddof=1)), x.size - 1, machine)]
+    if wild:
+        spread = lambda x: f"{math.expm1(float(np.std(x, ddof=1))):.1%}" if x.size > 1 else "-"   # noqa: E731
+        common["notes"] = common.get("notes", ()) + (
+            f"the {' and the '.join(wild)}'s runs spread far beyond this machine's usual run-to-run spread (baseline "
+            f"{spread(b_log)}, candidate {spread(c_log)}; one run may have jumped): decided on this scenario's own "
+            f"spread, not the machine's" + ("; re-record the baseline to decide it" if "baseline" in wild else ""),)
+    elif prior.slow is not None:
         post = difference(b_log, c_log, prior)
         if post is not None:
             return _estimate_two_levels(post, config, prior, **common)
-        # runs orders of magnitude apart: not the two levels the model knows; one level, widened by them
+    if prior.slow is not None:
+        # a run that jumped, or runs orders of magnitude apart: not the two levels the model knows; one level,
+        # widened by them
         prior = replace(prior, slow=None, source=f"{prior.source}; one level here: runs too far apart for two")
     # One candidate run has no spread of its own: it is taken to spread like this scenario's baseline.
     # Given only the machine's prior, a prior fitted from scenarios of very different spreads may be worth
@@ -177,13 +188,18 @@ def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prio
     # Each side's spread from its own runs, each moderated toward the machine's prior (Welch, not a pooled
     # variance): a candidate whose processes disagree (two of three slow) widens its own interval. Pooled,
     # such a candidate borrows the quietness of a baseline whose runs all happened to be fast (docs/gate.md).
+    # A side whose own runs spread far beyond the machine's prior keeps its own spread, unshrunk (limma's robust
+    # variant): a run that jumped 1.5x among tight runs is not the machine's usual noise, and a prior worth
+    # thousands of degrees of freedom would otherwise hide it and call a change (docs/gate.md)
+    def moderated(s2: float, df: int) -> tuple[float, float]:
+        return (s2, df) if wild and _beyond_machine(s2, df, machine) else prior.moderate(s2, df)
     if pooled:
         ss = float(np.sum((b_log - b_log.mean()) ** 2) + np.sum((c_log - c_log.mean()) ** 2))
-        vb, df_b = prior.moderate(ss / (k + m - 2) if k + m > 2 else 0.0, k + m - 2)
+        vb, df_b = moderated(ss / (k + m - 2) if k + m > 2 else 0.0, k + m - 2)
         vc, df_c = vb, df_b
     else:
-        vb, df_b = prior.moderate(float(np.var(b_log, ddof=1)) if k > 1 else 0.0, k - 1)
-        vc, df_c = prior.moderate(float(np.var(c_log, ddof=1)) if m > 1 else 0.0, m - 1)
+        vb, df_b = moderated(float(np.var(b_log, ddof=1)) if k > 1 else 0.0, k - 1)
+        vc, df_c = moderated(float(np.var(c_log, ddof=1)) if m > 1 else 0.0, m - 1)
     se = math.sqrt(vb / k + vc / m)
     df = df_b if pooled else welch_df(vb / k, df_b, vc / m, df_c)
     guard = guard_distance(vb, df_b, k, vc, df_c, m, config, len(config.looks))
@@ -215,6 +231,20 @@ def _estimate_two_levels(post: Difference, config: GateConfig, prior: VariancePr
                       spread_df=(prior.df + k - 1, prior.df + m - 1),
                       pooled=False, prior=prior.source, slow_runs=(b.slow_runs, c.slow_runs),
                       slow_share=prior.slow.share, posterior=post, **common)
+
+
+WILD_P = 1e-3   # a side's runs spreading this unlikely under the machine's prior are not its usual noise
+
+
+def _beyond_machine(s2: float, df: int, prior: VariancePrior) -> bool:
+    """A side's run-to-run variance on `df` degrees of freedom that the machine's prior makes less likely than
+    WILD_P (F's upper tail), against the variance the prior allows a scenario: its spread, and its slow
+    processes' share and excess where it has them."""
+    if df <= 0 or s2 <= 0:
+        return False
+    allowed = prior.variance + (0.0 if prior.slow is None else
+                                prior.slow.share * (1 - prior.slow.share) * prior.slow.excess ** 2)
+    return variance_ratio_sf(s2 / allowed, df, prior.df) < WILD_P
 
 
 def guard_distance(vb: float, df_b: float, k: int, vc: float, df_c: float, m: int, config: GateConfig,
