@@ -380,12 +380,17 @@ def test_an_ab_called_slower_or_faster_gets_a_profiler_pass_of_each_side(monkeyp
     """The A/B's decision (replaced here: the wiring is under test, not the timing) is slower: one profiler pass of
     each side follows, and where time moved is in the record and under the decisions table; an unchanged verdict
     gets none."""
+    import importlib
+
     from bench_core.deciding.verdicts import SLOWER, UNCHANGED
     from bench_core.output.comparison_tables import decisions_table
     from bench_core.session import BenchSession, SessionConfig
-    from bench_core.workflows import ab as ab_module
-    from bench_core.workflows.diagnose import moved as moved_module
     from helpers import ENV
+
+    # the module objects the session will use (its own binding; sys.modules at call time): a pytester run in this
+    # process may have replaced a module in sys.modules, and a patch of a stale object would miss
+    ab_module = BenchSession.ab.__globals__["ab_workflow"]
+    moved_module = importlib.import_module("bench_core.workflows.diagnose.moved")
 
     def one():
         A @ A
