@@ -95,11 +95,14 @@ class SessionConfig:
         if self.against is not None and (self.compare is not None or self.save is not None):
             raise ValueError("--bench-against compares two revisions in this run: it does not mix with a stored "
                              "baseline (--bench-compare / --bench-save); use one or the other")
-        if self.shard and given:
-            raise ValueError(f"--bench-shard {self.shard[0]}/{self.shard[1]} runs a part of the suite, which decides "
-                             f"and stores nothing alone: run every shard without {', '.join(given)}, join their session "
-                             f"files with bench-core merge, and gate the merged session (bench-core compare; "
-                             f"docs/ci.md)")
+        alone = [flag for flag in given if flag != "--bench-compare"]
+        if self.shard and alone:
+            # a shard may gate against a baseline of merged runs (its family is the baseline's, the whole suite,
+            # and what it would call is confirmed in fresh processes the merge keeps), never store or pair alone
+            raise ValueError(f"--bench-shard {self.shard[0]}/{self.shard[1]} runs a part of the suite, which stores "
+                             f"nothing and compares with no revision alone: run every shard without "
+                             f"{', '.join(alone)}, join their session files with bench-core merge, and store or gate "
+                             f"the merged session (bench-core baseline add, bench-core compare; docs/ci.md)")
         if self.concurrent and given:
             raise ValueError(f"under pytest-xdist ({self.concurrent}) each process runs only its share of the "
                              f"scenarios, so a baseline would be stored, or a gate decided, from a part of the suite: "

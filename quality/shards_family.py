@@ -7,10 +7,11 @@ Run as its own benchmark, never in the test suite (it takes minutes):
 It writes a throwaway project whose one test file has N parametrized scenarios, each a few tiny real torch calls
 (timed on the real clock: the noise is this machine's), and runs it as `--bench-shard K/N` in N pytest processes
 one after another, as N runners would, then `bench-core merge` (timed). The first `--baseline-runs` merged runs
-become the baseline `main` (`bench-core baseline add`); each of the `--aa` next merged runs is gated with
-`bench-core compare main MERGED --min-runs 1 --json` (as .github/workflows/bench-shards.yml gates one merged run; A/A:
-nothing changed), and one last run with one scenario's work doubled
-(in whichever shard it falls) is gated the same way. Reported: the shards' sizes, disjointness and coverage, the
+become the baseline `main` (`bench-core baseline add`); each later run's shards gate against it as
+.github/workflows/bench-shards.yml's do (`--bench-compare main --bench-replicate confirm`: what a shard would call is
+measured again in fresh processes), and each of the `--aa` next merged runs is gated with `bench-core compare main
+MERGED --json` (A/A: nothing changed), and one last run with one scenario's work doubled (in whichever shard it
+falls) is gated the same way. Reported: the shards' sizes, disjointness and coverage, the
 merge's time, per A/A run the verdicts over the whole family, and the injected run's exit code and that
 scenario's verdict. Raw results go to .bench/shards_family-<time>.json.
 """
@@ -52,14 +53,18 @@ def test_tiny(bench, i):
 '''
 
 
-def run_shards(project: Path, n: int, tag: str, slow: int = -1) -> tuple[list[Path], float]:
+def run_shards(project: Path, n: int, tag: str, slow: int = -1, gated: bool = False) -> tuple[list[Path], float]:
     files, started = [], time.monotonic()
     env = {**os.environ, "ZOO_SLOW": str(slow)}
+    # once a baseline exists, each shard gates against it as the workflow's shards do: what it would call is
+    # confirmed in fresh processes, whose runs the merged gate then reads
+    against = ["--bench-compare", "main", "--bench-baselines", str(project / "baselines"), "--bench-replicate",
+               "confirm"] if gated else []
     for k in range(1, n + 1):
         out = project / f"{tag}-{k}"
         subprocess.run([sys.executable, "-m", "pytest", "test_zoo.py", "-q", "-p", "no:cacheprovider", "-p",
                         "no:randomly", "--bench-shard", f"{k}/{n}", "--bench-out", str(out), "--bench-history",
-                        "none"], cwd=project, env=env, check=False, capture_output=True)
+                        "none", *against], cwd=project, env=env, check=False, capture_output=True)
         (f,) = out.glob("session-*.json")
         files.append(f)
     return files, time.monotonic() - started
@@ -75,8 +80,7 @@ def merge(project: Path, files: list[Path], tag: str) -> tuple[Path, float]:
 
 def gate(project: Path, merged: Path) -> tuple[int, list[dict]]:
     ran = subprocess.run([sys.executable, "-m", "bench_core", "compare", "main", str(merged), "--baselines",
-                          str(project / "baselines"), "--min-runs", "1", "--json"], cwd=project, capture_output=True,
-                         text=True)
+                          str(project / "baselines"), "--json"], cwd=project, capture_output=True, text=True)
     start = ran.stdout.find("[")
     return ran.returncode, json.loads(ran.stdout[start:ran.stdout.rindex("]") + 1]) if start >= 0 else []
 
@@ -97,13 +101,15 @@ def main() -> int:
         runs = []
         for r in range(ns.baseline_runs + ns.aa + 1):
             injected = r == ns.baseline_runs + ns.aa
-            files, took = run_shards(project, ns.shards, f"run{r}", ns.slow if injected else -1)
+            files, took = run_shards(project, ns.shards, f"run{r}", ns.slow if injected else -1,
+                                     gated=r >= ns.baseline_runs)
             docs = [json.loads(f.read_text()) for f in files]
             names = [res["scenario"]["name"] for d in docs for res in d["results"]]
             merged, merge_s = merge(project, files, f"merged{r}")
             row = {"run": r, "shards_s": round(took, 1), "merge_s": round(merge_s, 2),
                    "per_shard": [d["shard"]["tests"] for d in docs], "scenarios": len(names),
                    "disjoint": len(names) == len(set(names)), "errors": sum(len(d.get("errors") or []) for d in docs),
+                   "confirmed": {name: len(ms) for d in docs for name, ms in (d.get("replicas") or {}).items()},
                    "load": os.getloadavg()[0]}
             if r < ns.baseline_runs:
                 subprocess.run([sys.executable, "-m", "bench_core", "baseline", "add", "main", str(merged),
@@ -115,6 +121,8 @@ def main() -> int:
                 verdicts = Counter(c.get("verdict") for c in comps)
                 row.update(role="injected" if injected else "A/A", exit=code, verdicts=dict(verdicts),
                            decided=len(comps))
+                row["called"] = {c["name"]: [c["verdict"], round(c["ratio"], 3), c["candidate_runs"]] for c in comps
+                                 if c.get("verdict") in ("slower", "faster")}
                 if injected:
                     row["slow_verdict"] = next((c.get("verdict") for c in comps
                                                 if c.get("name") == f"tiny[{ns.slow}]"), None)

@@ -415,3 +415,20 @@ def test_a_run_that_jumped_far_beyond_the_machines_spread_keeps_its_own_spread_a
     slow_run = decided([1.1, 1.0, 1.01], [1.0], two)
     assert not slow_run.notes and slow_run.slow_runs is not None
 
+
+def test_confirm_replicates_only_what_the_gate_would_call_but_for_its_minimum_of_runs():
+    from bench_core.deciding.sequential import worth_replicating
+
+    base = runs([10, 10.1, 9.9, 10.05, 9.95], seed=1)
+    confirm = GateConfig(chase="confirm")
+    would_be = compare_runs("s", base, runs([13.0], seed=3))
+    assert would_be.pending == SLOWER and worth_replicating(would_be, confirm)
+    assert compare_runs("s", base, runs([7.0], seed=6)).pending == FASTER
+    # +15%, not significant from one run on the fallback prior: "possible" chases it, "confirm" does not
+    possible = compare_runs("s", base, runs([11.5], seed=4))
+    assert possible.pending is None and worth_replicating(possible, GateConfig())
+    assert not worth_replicating(possible, confirm)
+    decided = compare_runs("s", base, runs([13.0, 13.05, 12.95], seed=5))
+    assert decided.verdict == SLOWER and decided.pending is None and not worth_replicating(decided, confirm)
+    with pytest.raises(ValueError, match="chase must be one of possible, confirm"):
+        GateConfig(chase="always")

@@ -32,6 +32,9 @@ def test_defaults_are_the_config_objects_own_and_the_help_says_them():
     d = GateConfig()
     assert f"({d.alpha})" in plugin[opt.ALPHA].help and f"({d.min_runs};" in plugin[opt.MIN_RUNS].help
     assert opt.gate_config(lambda flag: None if flag != opt.ALLOW_ENV else False) == d
+    assert f"({d.chase})" in plugin[opt.REPLICATE].help and plugin[opt.REPLICATE].choices == ("possible", "confirm")
+    given = {opt.REPLICATE: "confirm", opt.ALLOW_ENV: False}
+    assert opt.gate_config(given.get).chase == "confirm"
 
 
 @pytest.mark.parametrize("min_runs, max_runs", [(5, 3)])

@@ -209,3 +209,18 @@ def test_a_run_has_one_mode_and_what_cannot_run_together_is_refused_by_the_confi
     # and a config changed later is checked again: under xdist the plugin marks a gated run concurrent
     with pytest.raises(ValueError, match="without -n"):
         replace(SessionConfig(save="b"), concurrent="worker gw1")
+
+
+def test_under_confirm_only_a_change_the_gate_would_call_costs_fresh_processes(tmp_path):
+    _baseline(tmp_path, runs=5)
+    confirm = GateConfig(chase="confirm")
+    s = _session(tmp_path, compare="main", repeats=10, warmup=0, gate=confirm)
+    clock, calls = FakeClock(), []
+    # this process reads 1.5x: it would be called slower but for the three runs, so fresh processes confirm it
+    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=_replicas([2.02], calls))
+    assert len(calls) == 2 and c.candidate_runs == 3 and c.verdict != "slower"
+    clock, calls = FakeClock(), []
+    s = _session(tmp_path, compare="main", repeats=10, warmup=0, gate=confirm)
+    # +2%: a possible change the default would chase, never one the gate would call: no process spent
+    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [2.06]), clock=clock, replicate=_replicas([2.06], calls))
+    assert calls == [] and c.candidate_runs == 1 and c.verdict == "inconclusive"

@@ -47,7 +47,9 @@ def _run_shards(pytester, n, tag, slow=(), args=(), sizes=None):
     files = []
     for k in range(1, n + 1):
         res = pytester.runpytest("--bench-shard", f"{k}/{n}", "--bench-out", f"{tag}{k}", "-p", "no:randomly", *args)
-        res.assert_outcomes(passed=(sizes[k - 1] if sizes else len([i for i in range(24) if i % n == k - 1])) or None)
+        mine = sizes[k - 1] if sizes else len([i for i in range(24) if i % n == k - 1])
+        failed = len([i for i in slow if i % n == k - 1]) if args else 0   # a gated shard fails what it calls slower
+        res.assert_outcomes(passed=mine - failed, failed=failed)
         (f,) = (pytester.path / f"{tag}{k}").glob("session-*.json")
         files.append(f)
     return files
@@ -55,8 +57,8 @@ def _run_shards(pytester, n, tag, slow=(), args=(), sizes=None):
 
 def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard_fails_the_merge(pytester, capsys):
     """Three shards of a 24-scenario suite, merged, against a merged baseline of the same split: the A/A decides
-    no scenario slower; one scenario made 2x slower in one shard fails the merged gate; a missing shard, a shard
-    given twice and a shard of another split fail the merge, naming them."""
+    no scenario slower; one scenario made 2x slower in one shard, confirmed there in fresh processes, fails the
+    merged gate; a missing shard, a shard given twice and a shard of another split fail the merge, naming them."""
     from bench_core.shells.cli import main
 
     bases = []
@@ -73,9 +75,13 @@ def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard
     assert main(["merge", *map(str, files), "--out", str(pytester.path / "again.json")]) == 0   # the same run twice
     assert json.loads((pytester.path / "again.json").read_text())["run_id"] == \
         json.loads(Path(bases[-1]).read_text())["run_id"]
-    gate = ["--baselines", str(pytester.path / "baselines"), "--min-runs", "1"]   # one candidate run decides
+    gate = ["--baselines", str(pytester.path / "baselines")]
+    # each shard gates against the merged baseline, over its whole family, and confirms in fresh processes what it
+    # would call (the workflow's shards do the same); the merged gate reads those processes' runs
+    shard_gate = ("--bench-compare", "main", "--bench-baselines", str(pytester.path / "baselines"),
+                  "--bench-replicate", "confirm")
 
-    again = _run_shards(pytester, 3, "again")
+    again = _run_shards(pytester, 3, "again", args=shard_gate)
     started = time.perf_counter()
     assert main(["merge", *map(str, again), "--out", str(pytester.path / "same.json")]) == 0
     assert time.perf_counter() - started < 30
@@ -83,9 +89,11 @@ def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard
     assert main(["compare", "main", str(pytester.path / "same.json"), *gate]) == 0
     err = capsys.readouterr().err
     assert "0 slower" in err and "of 24 scenario(s) decided" in err
+    assert not json.loads((pytester.path / "same.json").read_text()).get("replicas")   # nothing to confirm
 
-    slow = _run_shards(pytester, 3, "slow", slow={17})
+    slow = _run_shards(pytester, 3, "slow", slow={17}, args=shard_gate)
     assert main(["merge", *map(str, slow), "--out", str(pytester.path / "slow.json")]) == 0
+    assert list(json.loads((pytester.path / "slow.json").read_text())["replicas"]) == ["tiny[17]"]
     capsys.readouterr()
     assert main(["compare", "main", str(pytester.path / "slow.json"), *gate]) == 1
     assert "1 slower" in capsys.readouterr().err
@@ -99,16 +107,16 @@ def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard
     assert "shards of different splits" in capsys.readouterr().err
 
 
-def test_a_shard_stores_and_decides_nothing_alone_and_an_empty_shard_still_writes_its_file(pytester):
+def test_a_shard_stores_nothing_alone_and_an_empty_shard_still_writes_its_file(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_zoo=SUITE.format(n=4, slow="set()"))
     empty = pytester.runpytest("--bench-shard", "5/5", "--bench-out", "empty")   # 4 tests, 5 runners
     empty.assert_outcomes()
     (f,) = (pytester.path / "empty").glob("session-*.json")
     assert json.loads(f.read_text())["shard"]["tests"] == 0
-    res = pytester.runpytest("--bench-shard", "1/2", "--bench-compare", "main")
+    res = pytester.runpytest("--bench-shard", "1/2", "--bench-save", "main")
     assert res.ret == 4
-    res.stderr.fnmatch_lines(["*--bench-shard 1/2 runs a part of the suite*bench-core merge*"])
+    res.stderr.fnmatch_lines(["*--bench-shard 1/2 runs a part of the suite*without --bench-save*bench-core merge*"])
 
 
 def test_shards_dealt_by_the_durations_a_merge_writes_and_shards_of_other_durations_are_another_split(pytester):

@@ -15,6 +15,9 @@ from bench_core.deciding.verdicts import FASTER, INCOMPARABLE, INCONCLUSIVE, NEW
 DEFAULT_MAX_RUNS = 7
 
 
+CHASES = ("possible", "confirm")
+
+
 @dataclass(frozen=True)
 class GateConfig:
     alpha: float = 0.01            # family-wise significance level, per direction
@@ -33,6 +36,10 @@ class GateConfig:
     # Replicate a possible change whose one-sided p is below this: loose on purpose, it only decides
     # whether to spend processes, never what is said (docs/gate.md weighs it against a stricter rule)
     chase_p: float = 0.2
+    # Which possible changes fresh processes are spent on: "possible" (every one chase_p allows, for power) or
+    # "confirm" (only those it would call but for min_runs: for families of thousands, where chasing every
+    # possible change would cost hundreds of processes a run)
+    chase: str = "possible"
 
     def __post_init__(self):
         for name, lo, hi in (("alpha", 0, 0.5), ("threshold", 0, 1), ("run_noise", 0, 1), ("guard_rate", 0, 0.5),
@@ -43,6 +50,8 @@ class GateConfig:
                     raise ValueError(f"gate setting {name} must lie in ({lo}, {hi}), got {v!r}")
         if not self.prior_runs > 0:
             raise ValueError("gate setting prior_runs must be > 0")
+        if self.chase not in CHASES:
+            raise ValueError(f"gate setting chase must be one of {', '.join(CHASES)}, got {self.chase!r}")
         if self.adjust not in ("holm", "bonferroni", "bh"):
             raise ValueError(f"gate setting adjust must be holm, bonferroni or bh, got {self.adjust!r}")
         if self.max_runs is None:  # asking for more runs than the default budget raises the budget with it
@@ -108,6 +117,7 @@ class Comparison:
     baseline_spread: float | None = None   # the baseline's own measured run-to-run spread, same units
     prior: str | None = None               # where the variance prior came from, in words
     more_runs: int | None = None           # inconclusive: candidate runs in all that would likely decide
+    pending: str | None = None             # inconclusive: the verdict it would be, but for min_runs
     notes: tuple[str, ...] = ()            # what weakens this comparison without changing its arithmetic
     achieved_flops: tuple[float, float] | None = None   # FLOP/s, baseline and current, where both were counted
     slow_runs: tuple[float, float] | None = None   # two-level model: how many runs of each side were likely slow

@@ -135,6 +135,7 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
         verdict, why = INCONCLUSIVE, (f"looks {direction} ({change}, p_adj={p_adjusted:.2g}) from {c.candidate_runs} "
                                       f"candidate run(s), but one slow process looks the same: {c.min_runs} fresh "
                                       f"runs decide it")
+        c = replace(c, pending=direction)
     elif sig and beyond:
         verdict, why = INCONCLUSIVE, (f"significant, but {change} is inside the guard against an unlucky baseline "
                                       f"(+-{math.expm1(c.guard):.1%}){hint}: {todo}")

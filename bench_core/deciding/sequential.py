@@ -54,8 +54,13 @@ def possible_change(c: Any, chase_p: float, beyond: float = 0.0) -> bool:
 
 def worth_replicating(c: Any, config: Any) -> bool:
     """Could fresh candidate runs, within the gate's budget (`config`: a GateConfig), turn this into a decision?
-    A possible change, either way, that is not limited by the baseline alone (each run costs a process)."""
-    return possible_change(c, config.chase_p) and c.more_runs is not None and c.candidate_runs < config.max_runs
+    A possible change, either way, that is not limited by the baseline alone (each run costs a process); under
+    `config.chase == "confirm"`, only a change the gate would call but for its minimum of runs."""
+    if c.candidate_runs >= config.max_runs:
+        return False
+    if config.chase == "confirm":
+        return c.pending is not None
+    return possible_change(c, config.chase_p) and c.more_runs is not None
 
 
 def replicate_until_decided(runs: list, judge: Callable[[list], Any], replicate: Callable[[], Any] | None,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench_core.deciding.comparison import DEFAULT_MAX_RUNS, GateConfig
+from bench_core.deciding.comparison import CHASES, DEFAULT_MAX_RUNS, GateConfig
 
 GATE = GateConfig()
 
@@ -70,6 +70,7 @@ COMPARE, BASELINES, THRESHOLD, ALPHA, RUN_NOISE = ("--bench-compare", "--bench-b
                                                    "--bench-alpha", "--bench-run-noise")
 MIN_RUNS, MAX_RUNS, WINDOW, ALLOW_ENV, ADJUST = ("--bench-min-runs", "--bench-max-runs", "--bench-baseline-window",
                                                  "--bench-allow-env-mismatch", "--bench-adjust")
+REPLICATE = "--bench-replicate"
 SIGNATURE, NO_GROWTH, INSTRUCTIONS = "--bench-signature", "--bench-no-growth", "--bench-instructions"
 MD, WIDE, PLOTS, FLOPS, PEAK, STRICT, TIMEOUT = ("--bench-md", "--bench-wide", "--bench-plots", "--bench-flops",
                                                  "--bench-peak-tflops", "--bench-strict", "--bench-timeout")
@@ -148,21 +149,6 @@ def _options() -> tuple[Option, ...]:
         Option(BASELINES, "folder of stored baselines", str, "baselines", cli="--baselines"),
         Option(THRESHOLD, f"default noise threshold, a fraction ({GATE.threshold}; --bench-against: "
                           f"{a('threshold')})", float, cli="--threshold"),
-        Option(ALPHA, f"family-wise significance level of the gate ({GATE.alpha})", float, cli="--alpha"),
-        Option(RUN_NOISE, f"fallback run-to-run spread, a fraction, for a baseline too small to fit its own "
-                          f"({GATE.run_noise})", float, cli="--run-noise"),
-        Option(MIN_RUNS, f"processes (this one + fresh ones, or the runs of a session file) before the gate says "
-                         f"slower or faster ({GATE.min_runs}; 1: one run decides)", int, cli="--min-runs"),
-        Option(MAX_RUNS, f"the gate's replication budget: a possible change is measured in fresh processes up to "
-                         f"this many runs in all, and alpha is split over the looks it plans ({DEFAULT_MAX_RUNS}, or "
-                         f"the min-runs if more)", int, cli="--max-runs"),
-        Option(WINDOW, "compare with the latest N runs of the baseline (a rolling window; the noise prior uses all)",
-               int, metavar="N", cli="--window"),
-        Option(ALLOW_ENV, "compare even when the environments differ", cli="--allow-env-mismatch"),
-        Option(ADJUST, f"how p-values are adjusted over the scenarios compared together, where all are at hand: "
-                       f"the CLI, when given ({GATE.adjust}); pytest decides each scenario as its test ends, "
-                       f"Bonferroni over the baseline's scenarios, and so does the CLI unless this is given", str,
-               choices=("holm", "bonferroni", "bh"), cli="--adjust"),
         Option(MD, "append a Markdown report here (e.g. \"$GITHUB_STEP_SUMMARY\"): verdicts first, then tables", str,
                metavar="PATH"),
         Option(WIDE, "tables with every column and notes unwrapped (by default they fit 120 columns)", cli="--wide"),
@@ -198,7 +184,32 @@ def _options() -> tuple[Option, ...]:
         Option(PROFILE_TB, "diagnose: also write for the TensorBoard profiler plugin"),
         Option(PROFILE_REFUSE, "diagnose: refuse to write a trace holding sensitive strings, instead of redacting "
                                "them"),
-    ) + _against_options() + _signature_options() + _history_options() + _gpu_options()
+    ) + _gate_options() + _against_options() + _signature_options() + _history_options() + _gpu_options()
+
+
+def _gate_options() -> tuple[Option, ...]:
+    """The stored-baseline gate's knobs (GateConfig's), shared with the CLI's compare."""
+    return (
+        Option(ALPHA, f"family-wise significance level of the gate ({GATE.alpha})", float, cli="--alpha"),
+        Option(RUN_NOISE, f"fallback run-to-run spread, a fraction, for a baseline too small to fit its own "
+                          f"({GATE.run_noise})", float, cli="--run-noise"),
+        Option(MIN_RUNS, f"processes (this one + fresh ones, or the runs of a session file) before the gate says "
+                         f"slower or faster ({GATE.min_runs}; 1: one run decides)", int, cli="--min-runs"),
+        Option(MAX_RUNS, f"the gate's replication budget: a possible change is measured in fresh processes up to "
+                         f"this many runs in all, and alpha is split over the looks it plans ({DEFAULT_MAX_RUNS}, or "
+                         f"the min-runs if more)", int, cli="--max-runs"),
+        Option(REPLICATE, f"which possible changes the gate measures again in fresh processes: 'possible' (every "
+                          f"one that looks changed, at one-sided p < {GATE.chase_p}, for power) or 'confirm' (only "
+                          f"those it would call but for the min-runs: suites of thousands of scenarios, such as "
+                          f"shards) ({GATE.chase})", str, choices=CHASES),
+        Option(WINDOW, "compare with the latest N runs of the baseline (a rolling window; the noise prior uses all)",
+               int, metavar="N", cli="--window"),
+        Option(ALLOW_ENV, "compare even when the environments differ", cli="--allow-env-mismatch"),
+        Option(ADJUST, f"how p-values are adjusted over the scenarios compared together, where all are at hand: "
+                       f"the CLI, when given ({GATE.adjust}); pytest decides each scenario as its test ends, "
+                       f"Bonferroni over the baseline's scenarios, and so does the CLI unless this is given", str,
+               choices=("holm", "bonferroni", "bh"), cli="--adjust"),
+    )
 
 
 def _signature_options() -> tuple[Option, ...]:
@@ -238,13 +249,13 @@ def _gpu_options() -> tuple[Option, ...]:
 
 # what a team sets once, in pyproject.toml's [tool.bench_core] (the command line wins)
 SETTINGS = (WARMUP, REPEATS, THREADS, MALLOC, PB_FIXTURE, OUT, BASELINES, HISTORY, REFS, TIMEOUT, STRICT, WIDE,
-            THRESHOLD, ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS,
-            SIGNATURE, NO_GROWTH, FLOPS, PEAK, BUILD, SHARD_DURATIONS)
+            THRESHOLD, ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, REPLICATE, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS,
+            MAX_ROUNDS, SIGNATURE, NO_GROWTH, FLOPS, PEAK, BUILD, SHARD_DURATIONS)
 INTERNAL = (SERVE, REPLICA)   # how bench_core starts its own processes: never typed by a user
 # knobs whose defaults were measured (docs/gate.md, docs/side-by-side.md): accepted and documented in
 # docs/running.md, settable in [tool.bench_core], and left out of pytest's --help, which shows what a user meets
-TUNING = (ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS, PEAK,
-          PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK, PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE, BUILD,
+TUNING = (ALPHA, RUN_NOISE, MIN_RUNS, MAX_RUNS, REPLICATE, WINDOW, ADJUST, ROUNDS, PAIRS, WORKER_PAIRS, MAX_ROUNDS,
+          PEAK, PROFILE_SHAPES, PROFILE_MEMORY, PROFILE_STACK, PROFILE_FLOPS, PROFILE_TB, PROFILE_REFUSE, BUILD,
           SHARD_DURATIONS)
 
 # pytest's --help, a group each, in the order a user meets them: (name, title, the options in it)
@@ -253,9 +264,9 @@ GROUPS = (
      (GPU, QUICK, WARMUP, REPEATS, THREADS, MALLOC, TIMEOUT, PB_FIXTURE, CACHE, GRAPH)),
     ("results", "bench_core: results and reports", (OUT, NO_OUT, HISTORY, MD, WIDE, PLOTS, PB_JSON, FLOPS, PEAK)),
     ("baseline", "bench_core: stored baselines (tuning: --bench-alpha, --bench-min-runs, --bench-max-runs, "
-                 "--bench-run-noise, --bench-baseline-window, --bench-adjust; docs/running.md)",
+                 "--bench-replicate, --bench-run-noise, --bench-baseline-window, --bench-adjust; docs/running.md)",
      (SAVE, APPEND, SAVE_INCOMPLETE, COMPARE, BASELINES, THRESHOLD, STRICT, ALLOW_ENV, ALPHA, RUN_NOISE, MIN_RUNS,
-      MAX_RUNS, WINDOW, ADJUST)),
+      MAX_RUNS, REPLICATE, WINDOW, ADJUST)),
     ("against", "bench_core: side by side with a revision (tuning: --bench-rounds, --bench-pairs, "
                 "--bench-max-rounds, --bench-worker-pairs; docs/running.md)",
      (AGAINST, AGAINST_PROCESSES, AGAINST_PYTHON, BUILD, SHARD, SHARD_DURATIONS, ROUNDS, PAIRS, MAX_ROUNDS,
@@ -370,7 +381,7 @@ def gate_config(value: Values) -> GateConfig:
     """The gate's settings: each one given on the command line, else the config's own default."""
     given = {k: value(flag) for k, flag in (("threshold", THRESHOLD), ("alpha", ALPHA), ("run_noise", RUN_NOISE),
                                             ("min_runs", MIN_RUNS), ("max_runs", MAX_RUNS), ("window", WINDOW),
-                                            ("adjust", ADJUST))}
+                                            ("adjust", ADJUST), ("chase", REPLICATE))}
     return GateConfig(allow_env_mismatch=value(ALLOW_ENV), **{k: v for k, v in given.items() if v is not None})
 
 
