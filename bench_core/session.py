@@ -439,7 +439,7 @@ class BenchSession(Ledger):
         return f"baseline {self.config.compare!r}" if self.config.compare else None
 
     def missing_from_run(self) -> list[str]:
-        if self.baseline is None:
+        if self.baseline is None or self.config.shard:   # a shard's others are the other shards': the merge checks
             return []
         seen = {m.name for m in self.results} | {n for n, _ in self.errors}
         return [n for n in self.baseline if n not in seen]

@@ -405,15 +405,22 @@ def test_a_run_that_jumped_far_beyond_the_machines_spread_keeps_its_own_spread_a
     assert any("the baseline's runs spread far beyond this machine's usual" in n and "re-record the baseline" in n
                for n in jumped_base.notes)
     jumped_cand = decided(tight, [1.5, 1.0, 1.01])     # a candidate run that jumped, with two fresh ones that did not
-    assert jumped_cand.verdict == INCONCLUSIVE and any("the candidate's runs spread far" in n for n in jumped_cand.notes)
+    assert jumped_cand.verdict == INCONCLUSIVE
+    assert any("the candidate's runs spread far" in n for n in jumped_cand.notes)
     # a real change every run agrees on is still called, and an ordinary scenario still borrows the machine's spread
     assert decided(tight, [1.5, 1.51, 1.49]).verdict == SLOWER
     ordinary = decided([1.0, 1.03, 0.98], [1.01, 0.99, 1.02])
     assert not ordinary.notes and ordinary.run_spread == pytest.approx(0.02, rel=0.01)
     # on a machine with slow processes, a run at its slow level is the model's to explain, not a jump
-    two = VariancePrior(0.02 ** 2, 3000, "fitted for the test", SlowRuns(0.05, math.log(1.1), 900, 300))
-    slow_run = decided([1.1, 1.0, 1.01], [1.0], two)
-    assert not slow_run.notes and slow_run.slow_runs is not None
+    for share, excess in ((0.05, 1.1), (0.03, 1.2)):     # a rare slow level too: its excess is the model's
+        two = VariancePrior(0.02 ** 2, 3000, "fitted for the test", SlowRuns(share, math.log(excess), 900, 300))
+        slow_run = decided([excess, 1.0, 1.01], [1.0], two)
+        assert not slow_run.notes and slow_run.slow_runs is not None
+    jump_on_two = decided([1.5, 1.0, 1.01], [1.0], two)   # beyond both levels: its own spread, one level
+    assert jump_on_two.notes and jump_on_two.slow_runs is None and "a run beyond both levels" in jump_on_two.prior
+    # an interval on a spread of one degree of freedom is said in three digits, not thirty
+    one_df = decided(tight, [1.5, 1.0])
+    assert "e+" in one_df.reason and len(one_df.reason) < 400, one_df.reason
 
 
 def test_confirm_replicates_only_what_the_gate_would_call_but_for_its_minimum_of_runs():
@@ -428,6 +435,8 @@ def test_confirm_replicates_only_what_the_gate_would_call_but_for_its_minimum_of
     possible = compare_runs("s", base, runs([11.5], seed=4))
     assert possible.pending is None and worth_replicating(possible, GateConfig())
     assert not worth_replicating(possible, confirm)
+    from bench_core.deciding.gate import gate_advice
+    assert "--bench-replicate possible --bench-max-runs 5" in gate_advice("main", chase="confirm")(5)
     decided = compare_runs("s", base, runs([13.0, 13.05, 12.95], seed=5))
     assert decided.verdict == SLOWER and decided.pending is None and not worth_replicating(decided, confirm)
     with pytest.raises(ValueError, match="chase must be one of possible, confirm"):

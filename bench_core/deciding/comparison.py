@@ -37,8 +37,8 @@ class GateConfig:
     # whether to spend processes, never what is said (docs/gate.md weighs it against a stricter rule)
     chase_p: float = 0.2
     # Which possible changes fresh processes are spent on: "possible" (every one chase_p allows, for power) or
-    # "confirm" (only those it would call but for min_runs: for families of thousands, where chasing every
-    # possible change would cost hundreds of processes a run)
+    # "confirm" (only those significant and past the threshold on fewer than min_runs runs: for families of
+    # thousands, where chasing every possible change would cost hundreds of processes a run)
     chase: str = "possible"
 
     def __post_init__(self):
@@ -117,7 +117,8 @@ class Comparison:
     baseline_spread: float | None = None   # the baseline's own measured run-to-run spread, same units
     prior: str | None = None               # where the variance prior came from, in words
     more_runs: int | None = None           # inconclusive: candidate runs in all that would likely decide
-    pending: str | None = None             # inconclusive: the verdict it would be, but for min_runs
+    pending: str | None = None             # inconclusive: significant and past the threshold on fewer than min_runs
+    #                                        runs: the verdict fresh runs would confirm (`--bench-replicate confirm`)
     notes: tuple[str, ...] = ()            # what weakens this comparison without changing its arithmetic
     achieved_flops: tuple[float, float] | None = None   # FLOP/s, baseline and current, where both were counted
     slow_runs: tuple[float, float] | None = None   # two-level model: how many runs of each side were likely slow

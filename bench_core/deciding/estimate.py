@@ -165,21 +165,21 @@ def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prio
               "looks_at": f"at {', '.join(map(str, config.looks))} candidate runs",
               "baseline_spread": float(np.std(b_log, ddof=1)) if k > 1 else None, **common}
     machine = prior
-    wild = [side for side, x in (("baseline", b_log), ("candidate", c_log))
-            if x.size > 1 and _beyond_machine(float(np.var(x, ddof=1)), x.size - 1, machine)]
+    wild = [side for side, x in (("baseline", b_log), ("candidate", c_log)) if _beyond_machine(x, machine)]
     if wild:
         spread = lambda x: f"{math.expm1(float(np.std(x, ddof=1))):.1%}" if x.size > 1 else "-"   # noqa: E731
+        whose = "both sides'" if len(wild) == 2 else f"the {wild[0]}'s"
         common["notes"] = common.get("notes", ()) + (
-            f"the {' and the '.join(wild)}'s runs spread far beyond this machine's usual run-to-run spread (baseline "
-            f"{spread(b_log)}, candidate {spread(c_log)}; one run may have jumped): decided on this scenario's own "
-            f"spread, not the machine's" + ("; re-record the baseline to decide it" if "baseline" in wild else ""),)
+            f"{whose} runs spread far beyond this machine's usual run-to-run spread (baseline {spread(b_log)}, "
+            f"candidate {spread(c_log)}; a run may have jumped): decided on this scenario's own spread, not the "
+            f"machine's" + ("; re-record the baseline to decide it" if "baseline" in wild else ""),)
+        if prior.slow is not None:
+            prior = replace(prior, slow=None, source=f"{prior.source}; one level here: a run beyond both levels")
     elif prior.slow is not None:
         post = difference(b_log, c_log, prior)
         if post is not None:
             return _estimate_two_levels(post, config, prior, **common)
-    if prior.slow is not None:
-        # a run that jumped, or runs orders of magnitude apart: not the two levels the model knows; one level,
-        # widened by them
+        # runs orders of magnitude apart: not the two levels the model knows; one level, widened by them
         prior = replace(prior, slow=None, source=f"{prior.source}; one level here: runs too far apart for two")
     # One candidate run has no spread of its own: it is taken to spread like this scenario's baseline.
     # Given only the machine's prior, a prior fitted from scenarios of very different spreads may be worth
@@ -191,15 +191,15 @@ def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prio
     # A side whose own runs spread far beyond the machine's prior keeps its own spread, unshrunk (limma's robust
     # variant): a run that jumped 1.5x among tight runs is not the machine's usual noise, and a prior worth
     # thousands of degrees of freedom would otherwise hide it and call a change (docs/gate.md)
-    def moderated(s2: float, df: int) -> tuple[float, float]:
-        return (s2, df) if wild and _beyond_machine(s2, df, machine) else prior.moderate(s2, df)
+    def moderated(s2: float, df: int, own: bool) -> tuple[float, float]:
+        return (s2, df) if own else prior.moderate(s2, df)
     if pooled:
         ss = float(np.sum((b_log - b_log.mean()) ** 2) + np.sum((c_log - c_log.mean()) ** 2))
-        vb, df_b = moderated(ss / (k + m - 2) if k + m > 2 else 0.0, k + m - 2)
+        vb, df_b = moderated(ss / (k + m - 2) if k + m > 2 else 0.0, k + m - 2, bool(wild))
         vc, df_c = vb, df_b
     else:
-        vb, df_b = moderated(float(np.var(b_log, ddof=1)) if k > 1 else 0.0, k - 1)
-        vc, df_c = moderated(float(np.var(c_log, ddof=1)) if m > 1 else 0.0, m - 1)
+        vb, df_b = moderated(float(np.var(b_log, ddof=1)) if k > 1 else 0.0, k - 1, "baseline" in wild)
+        vc, df_c = moderated(float(np.var(c_log, ddof=1)) if m > 1 else 0.0, m - 1, "candidate" in wild)
     se = math.sqrt(vb / k + vc / m)
     df = df_b if pooled else welch_df(vb / k, df_b, vc / m, df_c)
     guard = guard_distance(vb, df_b, k, vc, df_c, m, config, len(config.looks))
@@ -236,15 +236,16 @@ def _estimate_two_levels(post: Difference, config: GateConfig, prior: VariancePr
 WILD_P = 1e-3   # a side's runs spreading this unlikely under the machine's prior are not its usual noise
 
 
-def _beyond_machine(s2: float, df: int, prior: VariancePrior) -> bool:
-    """A side's run-to-run variance on `df` degrees of freedom that the machine's prior makes less likely than
-    WILD_P (F's upper tail), against the variance the prior allows a scenario: its spread, and its slow
-    processes' share and excess where it has them."""
-    if df <= 0 or s2 <= 0:
+def _beyond_machine(x: np.ndarray, prior: VariancePrior) -> bool:
+    """A side's runs (log medians) spreading further than the machine's prior makes likelier than WILD_P (F's upper
+    tail against the prior's variance). On a machine with slow processes, a run at the slow level is the two-level
+    model's to explain: the excess is taken off every run nearer that level than the fast one first."""
+    if x.size < 2:
         return False
-    allowed = prior.variance + (0.0 if prior.slow is None else
-                                prior.slow.share * (1 - prior.slow.share) * prior.slow.excess ** 2)
-    return variance_ratio_sf(s2 / allowed, df, prior.df) < WILD_P
+    if prior.slow is not None:
+        x = np.where(x - x.min() > prior.slow.excess / 2, x - prior.slow.excess, x)
+    s2 = float(np.var(x, ddof=1))
+    return s2 > 0 and variance_ratio_sf(s2 / prior.variance, x.size - 1, prior.df) < WILD_P
 
 
 def guard_distance(vb: float, df_b: float, k: int, vc: float, df_c: float, m: int, config: GateConfig,

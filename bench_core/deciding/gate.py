@@ -46,13 +46,16 @@ Advice = Callable[[Optional[int]], str]   # what to do about an inconclusive ver
                                           # all that would likely decide (None: more would not)
 
 
-def gate_advice(baseline: str | None = None, candidate: str = "pytest") -> Advice:
+def gate_advice(baseline: str | None = None, candidate: str = "pytest", chase: str = "possible") -> Advice:
     """The command that carries out more evidence for the stored gate: more candidate runs (in pytest: a larger
-    budget of fresh processes; from files: more session files of this code), else more baseline runs."""
+    budget of fresh processes, chased as possible changes; from files: more session files of this code), else
+    more baseline runs."""
     name = baseline or "NAME"
 
     def advice(more: int | None) -> str:
         if more is not None and candidate == "pytest":
+            if chase != "possible":   # confirm spends processes only on what it would call: this it would not
+                return f"chase it in that many fresh processes (--bench-replicate possible --bench-max-runs {more})"
             return f"allow that many fresh processes (--bench-max-runs {more})"
         if more is not None:
             return (f"store {more} runs of this code as a baseline of its own (pytest --bench-save NEW, then "
@@ -67,6 +70,12 @@ ADD_RUNS = gate_advice()
 def _tenth_below(df: float) -> float:
     """Degrees of freedom floored to a tenth (a slightly larger quantile), so cached quantiles are reused."""
     return df if math.isinf(df) else math.floor(10 * df) / 10
+
+
+def _end(v: float) -> str:
+    """An interval's end: three decimals, or three digits where a spread on one or two degrees of freedom put it
+    out of that range."""
+    return f"{v:.3f}" if 1e-3 <= v <= 1e3 else f"{v:.3g}"
 
 
 def _runs_to_decide(c: Comparison, alpha_used: float, config: GateConfig) -> int | None:
@@ -113,7 +122,7 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     sig = p_adjusted < alpha
     beyond = c.ratio > 1 + thr or c.ratio < 1 / (1 + thr)
     direction = SLOWER if d > 0 else FASTER
-    where = f"the {level_text(confidence)} interval [{lo:.3f}, {hi:.3f}]"
+    where = f"the {level_text(confidence)} interval [{_end(lo)}, {_end(hi)}]"
     more = _runs_to_decide(c, alpha_used, config)
     hint = "" if c.guard is None else (
         f" (about {more} candidate runs in all would likely decide)" if more is not None else

@@ -152,6 +152,10 @@ def failing_steps(s) -> list[str]:
             lines.append(f"      which commit: bench-core bisect {s.config.against.rev} HEAD -k {k!r}"
                          + (" (after committing this tree's changes, which are part of the difference)"
                             if here.dirty else ""))
+    elif s.config.shard:   # a shard stores nothing alone: the merged run is what becomes a baseline
+        lines.append(f"      to accept the change: add the merged run to a baseline (bench-core baseline add NAME "
+                     f"merged.json) and gate against that; bench-core baseline list {s.config.compare} shows the old "
+                     f"one's runs")
     else:
         lines.append(f"      to accept the change: store this code as a new baseline (--bench-save NAME, more runs "
                      f"with --bench-append) and gate against that; bench-core baseline list {s.config.compare} shows "

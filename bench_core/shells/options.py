@@ -198,7 +198,8 @@ def _gate_options() -> tuple[Option, ...]:
         Option(MAX_RUNS, f"the gate's replication budget: a possible change is measured in fresh processes up to "
                          f"this many runs in all, and alpha is split over the looks it plans ({DEFAULT_MAX_RUNS}, or "
                          f"the min-runs if more)", int, cli="--max-runs"),
-        Option(REPLICATE, f"which possible changes the gate measures again in fresh processes: 'possible' (every "
+        Option(REPLICATE, f"which possible changes the stored gate measures again in fresh processes: 'possible' "
+                          f"(every "
                           f"one that looks changed, at one-sided p < {GATE.chase_p}, for power) or 'confirm' (only "
                           f"those it would call but for the min-runs: suites of thousands of scenarios, such as "
                           f"shards) ({GATE.chase})", str, choices=CHASES),

@@ -84,7 +84,8 @@ def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = 
 
     def judge(runs) -> Comparison:
         (c,) = decide_family([estimate(m.name, base, runs, config, session.prior)], config,
-                             family_size=len(session.baseline), advice=gate_advice(session.config.compare))
+                             family_size=len(session.baseline),
+                             advice=gate_advice(session.config.compare, chase=config.chase))
         return c
 
     why_not = []
