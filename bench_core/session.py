@@ -98,7 +98,7 @@ class SessionConfig:
         alone = [flag for flag in given if flag != "--bench-compare"]
         if self.shard and alone:
             # a shard may gate against a baseline of merged runs (its family is the baseline's, the whole suite,
-            # and what it would call is confirmed in fresh processes the merge keeps), never store or pair alone
+            # and what looks changed is measured again in fresh processes the merge keeps), never store or pair alone
             raise ValueError(f"--bench-shard {self.shard[0]}/{self.shard[1]} runs a part of the suite, which stores "
                              f"nothing and compares with no revision alone: run every shard without "
                              f"{', '.join(alone)}, join their session files with bench-core merge, and store or gate "

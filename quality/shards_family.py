@@ -7,19 +7,20 @@ Run as its own benchmark, never in the test suite (it takes minutes):
 It writes a throwaway project whose one test file has N parametrized scenarios, each a few tiny real torch calls
 (timed on the real clock: the noise is this machine's), and runs it as `--bench-shard K/N` in N pytest processes
 one after another, as N runners would, then `bench-core merge` (timed). The first `--baseline-runs` merged runs
-become the baseline `main` (`bench-core baseline add`); each later run's shards gate against it as
-.github/workflows/bench-shards.yml's do (`--bench-compare main --bench-replicate confirm`: what a shard would call is
-measured again in fresh processes), and each of the `--aa` next merged runs is gated with `bench-core compare main
-MERGED --json` (A/A: nothing changed), and one last run with one scenario's work doubled (in whichever shard it
-falls) is gated the same way. Reported: the shards' sizes, disjointness and coverage, the
-merge's time, per A/A run the verdicts over the whole family, and the injected run's exit code and that
-scenario's verdict. Raw results go to .bench/shards_family-<time>.json.
+become the baseline `main` (`bench-core baseline add`; `--baseline FILE` reuses one kept from an earlier run
+instead); each later run's shards gate against it as .github/workflows/bench-shards.yml's do (`--bench-compare main
+--bench-replicate confirm`: what looks changed over the whole family is measured again in fresh processes). Each
+of the `--aa` next merged runs is gated with `bench-core compare main MERGED --json` (A/A: nothing changed), and one
+last run with one scenario's work doubled (in whichever shard it falls) is gated the same way. Reported: the
+shards' sizes, disjointness and coverage, the merge's time, what each shard measured again, per A/A run the
+verdicts over the whole family, and the injected run's exit code and that scenario's verdict. Raw results go to .bench/shards_family-<time>.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,8 +57,8 @@ def test_tiny(bench, i):
 def run_shards(project: Path, n: int, tag: str, slow: int = -1, gated: bool = False) -> tuple[list[Path], float]:
     files, started = [], time.monotonic()
     env = {**os.environ, "ZOO_SLOW": str(slow)}
-    # once a baseline exists, each shard gates against it as the workflow's shards do: what it would call is
-    # confirmed in fresh processes, whose runs the merged gate then reads
+    # once a baseline exists, each shard gates against it as the workflow's shards do: what looks changed over the
+    # family is measured again in fresh processes, whose runs the merged gate then reads
     against = ["--bench-compare", "main", "--bench-baselines", str(project / "baselines"), "--bench-replicate",
                "confirm"] if gated else []
     for k in range(1, n + 1):
@@ -92,12 +93,20 @@ def main() -> int:
     ap.add_argument("--baseline-runs", type=int, default=3)
     ap.add_argument("--aa", type=int, default=3)
     ap.add_argument("--slow", type=int, default=1234, help="the scenario whose work is doubled in the last run")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a baseline file of merged runs kept from an earlier run of this script (its baselines/main.json"
+                         "): used instead of recording --baseline-runs new ones")
     ns = ap.parse_args()
     report: dict = {"n": ns.n, "shards": ns.shards, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "load": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="shards-family-") as tmp:
         project = Path(tmp)
         (project / "test_zoo.py").write_text(SUITE.format(n=ns.n))
+        if ns.baseline is not None:
+            (project / "baselines").mkdir()
+            shutil.copyfile(ns.baseline, project / "baselines" / "main.json")
+            ns.baseline_runs = 0
+            report["baseline"] = str(ns.baseline)
         runs = []
         for r in range(ns.baseline_runs + ns.aa + 1):
             injected = r == ns.baseline_runs + ns.aa

@@ -431,8 +431,9 @@ def test_confirm_replicates_only_what_the_gate_would_call_but_for_its_minimum_of
     would_be = compare_runs("s", base, runs([13.0], seed=3))
     assert would_be.pending == SLOWER and worth_replicating(would_be, confirm)
     assert compare_runs("s", base, runs([7.0], seed=6)).pending == FASTER
-    # +15%, not significant from one run on the fallback prior: "possible" chases it, "confirm" does not
-    possible = compare_runs("s", base, runs([11.5], seed=4))
+    # +15% from one run, in a family of 2,000: "possible" chases it at its own p, "confirm" only what looks changed
+    # over the whole family
+    (possible,) = decide_family([estimate("s", base, runs([11.5], seed=4))], family_size=2000)
     assert possible.pending is None and worth_replicating(possible, GateConfig())
     assert not worth_replicating(possible, confirm)
     from bench_core.deciding.gate import gate_advice
@@ -441,3 +442,30 @@ def test_confirm_replicates_only_what_the_gate_would_call_but_for_its_minimum_of
     assert decided.verdict == SLOWER and decided.pending is None and not worth_replicating(decided, confirm)
     with pytest.raises(ValueError, match="chase must be one of possible, confirm"):
         GateConfig(chase="always")
+
+
+def test_confirm_chases_a_change_that_only_the_machines_slow_processes_could_explain():
+    """On a machine whose history shows 3% of runs 57% slow, one run 1.5x above its baseline, and three, may all
+    have been slow: significant but for that chance, so fresh runs confirm it; the same jump among runs that
+    did not jump is nothing to confirm."""
+    import numpy as np
+
+    from bench_core.core.stats import VariancePrior
+    from bench_core.deciding.estimate import estimate_logs
+    from bench_core.deciding.slow_runs import SlowRuns
+
+    two = VariancePrior(0.02 ** 2, 3000, "fitted for the test", SlowRuns(0.03, math.log(1.57), 6000, 2000))
+    cfg = GateConfig(chase="confirm")
+
+    def decided(c, config=cfg):
+        (out,) = decide_family([estimate_logs(np.log([1.0, 1.01, 0.99]), np.log(c), config, two, name="s")],
+                               config, family_size=2000)
+        return out
+    for runs_ in ([1.5], [1.5, 1.51, 1.49]):
+        c = decided(runs_)
+        assert c.verdict == INCONCLUSIVE and c.pending == SLOWER and c.p_value > 2.0e-5, c.reason
+    assert decided([1.5, 1.51, 1.49, 1.5, 1.5]).verdict == SLOWER        # five such runs are not all slow
+    assert decided([1.5, 1.0, 1.01]).pending is None                    # one slow run among fast ones
+    # where one run may decide, the verdict says what keeps it from doing so
+    one = decided([1.5], GateConfig(chase="confirm", min_runs=1))
+    assert one.verdict == INCONCLUSIVE and "may have been this machine's slow processes (3% of runs" in one.reason

@@ -216,9 +216,9 @@ def test_under_confirm_only_a_change_the_gate_would_call_costs_fresh_processes(t
     confirm = GateConfig(chase="confirm")
     s = _session(tmp_path, compare="main", repeats=10, warmup=0, gate=confirm)
     clock, calls = FakeClock(), []
-    # this process reads 1.5x: it would be called slower but for the three runs, so fresh processes confirm it
+    # this process reads 1.5x, past the threshold and changed-looking over the family: fresh processes look again
     m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=_replicas([2.02], calls))
-    assert len(calls) == 2 and c.candidate_runs == 3 and c.verdict != "slower"
+    assert len(calls) >= 2 and c.candidate_runs == 1 + len(calls) and c.verdict != "slower"
     clock, calls = FakeClock(), []
     s = _session(tmp_path, compare="main", repeats=10, warmup=0, gate=confirm)
     # +2%: a possible change the default would chase, never one the gate would call: no process spent

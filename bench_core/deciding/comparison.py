@@ -37,7 +37,7 @@ class GateConfig:
     # whether to spend processes, never what is said (docs/gate.md weighs it against a stricter rule)
     chase_p: float = 0.2
     # Which possible changes fresh processes are spent on: "possible" (every one chase_p allows, for power) or
-    # "confirm" (only those significant and past the threshold on fewer than min_runs runs: for families of
+    # "confirm" (only those past the threshold whose p adjusted over the family is under chase_p: for families of
     # thousands, where chasing every possible change would cost hundreds of processes a run)
     chase: str = "possible"
 
@@ -117,8 +117,8 @@ class Comparison:
     baseline_spread: float | None = None   # the baseline's own measured run-to-run spread, same units
     prior: str | None = None               # where the variance prior came from, in words
     more_runs: int | None = None           # inconclusive: candidate runs in all that would likely decide
-    pending: str | None = None             # inconclusive: significant and past the threshold on fewer than min_runs
-    #                                        runs: the verdict fresh runs would confirm (`--bench-replicate confirm`)
+    pending: str | None = None             # inconclusive, past the threshold, adjusted p (less the chance that all
+    #                                        runs were slow) under chase_p: what `--bench-replicate confirm` chases
     notes: tuple[str, ...] = ()            # what weakens this comparison without changing its arithmetic
     achieved_flops: tuple[float, float] | None = None   # FLOP/s, baseline and current, where both were counted
     slow_runs: tuple[float, float] | None = None   # two-level model: how many runs of each side were likely slow

@@ -54,7 +54,7 @@ def gate_advice(baseline: str | None = None, candidate: str = "pytest", chase: s
 
     def advice(more: int | None) -> str:
         if more is not None and candidate == "pytest":
-            if chase != "possible":   # confirm spends processes only on what it would call: this it would not
+            if chase != "possible":   # confirm chases only what looks changed over the family: not this
                 return f"chase it in that many fresh processes (--bench-replicate possible --bench-max-runs {more})"
             return f"allow that many fresh processes (--bench-max-runs {more})"
         if more is not None:
@@ -98,9 +98,18 @@ def _runs_to_decide(c: Comparison, alpha_used: float, config: GateConfig) -> int
     return None
 
 
-def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str, advice: Advice = ADD_RUNS
-           ) -> Comparison:
-    """Turn one estimate's adjusted p-value into its verdict and interval. Pure: same input, same verdict."""
+def unless_slow(c: Comparison) -> float | None:
+    """A slower-looking two-level comparison's p without the chance that every candidate run was slow; None
+    elsewhere."""
+    if c.verdict is not None or c.slow_share is None or c.ratio is None or c.ratio <= 1:
+        return None
+    return max(c.p_value - c.slow_share ** c.candidate_runs, 1e-300)
+
+
+def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str, advice: Advice = ADD_RUNS,
+           p_unless_slow: float | None = None) -> Comparison:
+    """Turn one estimate's adjusted p-value into its verdict and interval (`p_unless_slow`: `unless_slow`'s p,
+    adjusted alike). Pure: same input, same verdict."""
     if c.verdict is not None:
         return c
     alpha = config.alpha / c.looks
@@ -122,6 +131,9 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     sig = p_adjusted < alpha
     beyond = c.ratio > 1 + thr or c.ratio < 1 / (1 + thr)
     direction = SLOWER if d > 0 else FASTER
+    # Significant but for the chance that every candidate run was one of the machine's slow processes, which only
+    # more fresh processes can rule out (the chase leaves that chance out too: `sequential.possible_change`)
+    but_slow = not sig and p_unless_slow is not None and p_unless_slow < alpha
     where = f"the {level_text(confidence)} interval [{_end(lo)}, {_end(hi)}]"
     more = _runs_to_decide(c, alpha_used, config)
     hint = "" if c.guard is None else (
@@ -140,11 +152,14 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
     elif lo >= 1 / (1 + 2 * thr) and hi <= 1 + 2 * thr:
         lead = f"significant but {change} is inside the {thr:.0%} threshold" if sig else "no significant change"
         verdict, why = UNCHANGED, f"{lead}; {where} lies within +-{2 * thr:.0%}"
-    elif sig and beyond and c.candidate_runs < c.min_runs:
+    elif (sig or but_slow) and beyond and c.candidate_runs < c.min_runs:
         verdict, why = INCONCLUSIVE, (f"looks {direction} ({change}, p_adj={p_adjusted:.2g}) from {c.candidate_runs} "
                                       f"candidate run(s), but one slow process looks the same: {c.min_runs} fresh "
                                       f"runs decide it")
-        c = replace(c, pending=direction)
+    elif but_slow and beyond:
+        verdict, why = INCONCLUSIVE, (f"looks {direction} ({change}) from {c.candidate_runs} candidate runs, but all "
+                                      f"of them may have been this machine's slow processes ({c.slow_share:.0%} of "
+                                      f"runs; p_adj={p_adjusted:.2g}): more fresh runs decide it")
     elif sig and beyond:
         verdict, why = INCONCLUSIVE, (f"significant, but {change} is inside the guard against an unlucky baseline "
                                       f"(+-{math.expm1(c.guard):.1%}){hint}: {todo}")
@@ -153,6 +168,10 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
                                       f"change{hint}: {todo}")
     if verdict != INCONCLUSIVE:
         more = None
+    elif beyond and min(p_adjusted, p_unless_slow or 1.0) < config.chase_p:
+        # past the threshold and changed-looking over the whole family: what `--bench-replicate confirm` measures
+        # again (fresh runs rule out a run that jumped, or runs that were all slow)
+        c = replace(c, pending=direction)
     return replace(c, verdict=verdict, reason=why, more_runs=more)
 
 
@@ -175,14 +194,19 @@ def decide_family(estimates: Sequence[Comparison], config: GateConfig = GateConf
     """
     ps = [c.p_value if c.verdict is None else None for c in estimates]
     n = sum(p is not None for p in ps)
-    if family_size is not None and (family_size > len(estimates) or one_at_a_time):
-        adj = [None if p is None else min(1.0, p * family_size) for p in ps]
+    at_once = family_size is not None and (family_size > len(estimates) or one_at_a_time)
+    if at_once:
+        adjusted = lambda values: [None if p is None else min(1.0, p * family_size) for p in values]  # noqa: E731
         why = "" if config.adjust == "bonferroni" else f"; {config.adjust} needs every scenario's p-value at once"
         how = f"bonferroni over {family_size} scenarios (each decided as its test ends{why})"
     else:
-        adj = adjust_pvalues(ps, config.adjust)
+        adjusted = lambda values: adjust_pvalues(values, config.adjust)   # noqa: E731
         how = f"{config.adjust} over {n} scenario(s)" if n > 1 else "none (one scenario)"
-    return [c if a is None else decide(c, a, config, how, advice) for c, a in zip(estimates, adj)]
+    # the same adjustment of the p-values without the all-slow chance, where some differ from their own
+    unless = [unless_slow(c) for c in estimates]
+    fair = adjusted([u if u is not None else p for u, p in zip(unless, ps)]) if any(unless) else [None] * len(ps)
+    return [c if a is None else decide(c, a, config, how, advice, f if u is not None else None)
+            for c, a, u, f in zip(estimates, adjusted(ps), unless, fair)]
 
 
 SLOW_MACHINE_RUNS = 10   # baseline runs that give the two-level model its power (docs/gate.md)

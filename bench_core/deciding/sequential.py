@@ -55,7 +55,7 @@ def possible_change(c: Any, chase_p: float, beyond: float = 0.0) -> bool:
 def worth_replicating(c: Any, config: Any) -> bool:
     """Could fresh candidate runs, within the gate's budget (`config`: a GateConfig), turn this into a decision?
     A possible change, either way, that is not limited by the baseline alone (each run costs a process); under
-    `config.chase == "confirm"`, only a change the gate would call but for its minimum of runs."""
+    `config.chase == "confirm"`, only one that looks changed over the whole family (`Comparison.pending`)."""
     if c.candidate_runs >= config.max_runs:
         return False
     if config.chase == "confirm":

@@ -199,10 +199,10 @@ def _gate_options() -> tuple[Option, ...]:
                          f"this many runs in all, and alpha is split over the looks it plans ({DEFAULT_MAX_RUNS}, or "
                          f"the min-runs if more)", int, cli="--max-runs"),
         Option(REPLICATE, f"which possible changes the stored gate measures again in fresh processes: 'possible' "
-                          f"(every "
-                          f"one that looks changed, at one-sided p < {GATE.chase_p}, for power) or 'confirm' (only "
-                          f"those it would call but for the min-runs: suites of thousands of scenarios, such as "
-                          f"shards) ({GATE.chase})", str, choices=CHASES),
+                          f"(every one that looks changed at one-sided p < {GATE.chase_p}, for power) or 'confirm' "
+                          f"(only those past the threshold whose p adjusted over the whole family is under "
+                          f"{GATE.chase_p}: suites of thousands of scenarios, such as shards) ({GATE.chase})", str,
+               choices=CHASES),
         Option(WINDOW, "compare with the latest N runs of the baseline (a rolling window; the noise prior uses all)",
                int, metavar="N", cli="--window"),
         Option(ALLOW_ENV, "compare even when the environments differ", cli="--allow-env-mismatch"),
