@@ -89,6 +89,13 @@ def test_shards_merge_into_one_session_that_one_gate_decides_and_a_missing_shard
     assert main(["compare", "main", str(pytester.path / "same.json"), *gate]) == 0
     err = capsys.readouterr().err
     assert "0 slower" in err and "of 24 scenario(s) decided" in err
+    # an undecided merged run is advised what stores merged runs (a shard refuses --bench-save)
+    from bench_core.deciding.gate import gate_advice
+    from bench_core.files import storage
+
+    assert storage.is_merged(pytester.path / "same.json") and not storage.is_merged(again[0])
+    advice = gate_advice("main", candidate="merged")
+    assert "bench-core baseline add main MERGED.json" in advice(None) and "--bench-save" not in advice(None) + advice(5)
     assert not json.loads((pytester.path / "same.json").read_text()).get("replicas")   # nothing to confirm
 
     slow = _run_shards(pytester, 3, "slow", slow={17}, args=shard_gate)

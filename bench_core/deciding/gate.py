@@ -48,11 +48,17 @@ Advice = Callable[[Optional[int]], str]   # what to do about an inconclusive ver
 
 def gate_advice(baseline: str | None = None, candidate: str = "pytest", chase: str = "possible") -> Advice:
     """The command that carries out more evidence for the stored gate: more candidate runs (in pytest: a larger
-    budget of fresh processes, chased as possible changes; from files: more session files of this code), else
-    more baseline runs."""
+    budget of fresh processes, chased as possible changes; from files: more session files of this code; from a
+    merged session of shards, "merged": more merged runs, which only `bench-core baseline add` stores), else more
+    baseline runs."""
     name = baseline or "NAME"
 
     def advice(more: int | None) -> str:
+        if candidate == "merged":   # shards store nothing alone (`--bench-save` is refused with --bench-shard)
+            if more is not None:
+                return (f"store {more} merged runs of this code as a baseline of its own (bench-core baseline add "
+                        f"NEW MERGED.json, one merged run a file) and compare with it (bench-core compare {name} NEW)")
+            return f"add merged runs of other days to the baseline (bench-core baseline add {name} MERGED.json)"
         if more is not None and candidate == "pytest":
             if chase != "possible":   # confirm chases only what looks changed over the family: not this
                 return f"chase it in that many fresh processes (--bench-replicate possible --bench-max-runs {more})"

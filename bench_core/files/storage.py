@@ -366,6 +366,12 @@ def load_candidate(path: Path) -> dict[str, list[Measurement]]:
     return out
 
 
+def is_merged(path: Path) -> bool:
+    """Whether a session file is the merge of shards (`bench-core merge`)."""
+    doc = read_json(path)
+    return isinstance(doc, dict) and doc.get("format") == SESSION_FORMAT and isinstance(doc.get("merged"), dict)
+
+
 def load_errors(path: Path) -> list[dict]:
     """The scenarios a session file records as failed (a baseline file records none)."""
     doc = read_json(path)

@@ -68,8 +68,9 @@ def cmd_compare(ns) -> int:
         return EXIT_BAD_INPUT
     # the session's own rule unless another is asked for: one file, one answer, whichever shell reads it
     named = None if Path(ns.baseline).suffix == ".json" else ns.baseline
+    merged = Path(ns.new).suffix == ".json" and storage.is_merged(Path(ns.new))
     comps = compare_sets(base, new, gate, as_session=ns.bench_adjust is None,
-                         advice=gate_advice(named, candidate="files"))
+                         advice=gate_advice(named, candidate="merged" if merged else "files"))
     try:
         fixed = opt.no_growth(ns.bench_no_growth)
     except ValueError as exc:
