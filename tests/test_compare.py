@@ -438,6 +438,10 @@ def test_confirm_replicates_only_what_the_gate_would_call_but_for_its_minimum_of
     assert not worth_replicating(possible, confirm)
     from bench_core.deciding.gate import gate_advice
     assert "--bench-replicate possible --bench-max-runs 5" in gate_advice("main", chase="confirm")(5)
+    # changed-looking, but only more baseline runs could decide it: no fresh process is spent on it, run after run
+    baseline_bound = compare_runs("s", runs([10, 10.1], seed=1), runs([10.8] * 4, seed=2), confirm)
+    assert baseline_bound.pending == SLOWER and baseline_bound.more_runs is None
+    assert not worth_replicating(baseline_bound, confirm)
     decided = compare_runs("s", base, runs([13.0, 13.05, 12.95], seed=5))
     assert decided.verdict == SLOWER and decided.pending is None and not worth_replicating(decided, confirm)
     with pytest.raises(ValueError, match="chase must be one of possible, confirm"):

@@ -159,13 +159,14 @@ def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str
         lead = f"significant but {change} is inside the {thr:.0%} threshold" if sig else "no significant change"
         verdict, why = UNCHANGED, f"{lead}; {where} lies within +-{2 * thr:.0%}"
     elif (sig or but_slow) and beyond and c.candidate_runs < c.min_runs:
-        verdict, why = INCONCLUSIVE, (f"looks {direction} ({change}, p_adj={p_adjusted:.2g}) from {c.candidate_runs} "
-                                      f"candidate run(s), but one slow process looks the same: {c.min_runs} fresh "
-                                      f"runs decide it")
+        verdict, why = INCONCLUSIVE, (f"looks {direction} ({change}, p_adj={p_adjusted if sig else p_unless_slow:.2g}) "
+                                      f"from {c.candidate_runs} candidate run(s), but one slow process looks the same: "
+                                      f"{c.min_runs} fresh runs decide it")
     elif but_slow and beyond:
-        verdict, why = INCONCLUSIVE, (f"looks {direction} ({change}) from {c.candidate_runs} candidate runs, but all "
-                                      f"of them may have been this machine's slow processes ({c.slow_share:.0%} of "
-                                      f"runs; p_adj={p_adjusted:.2g}): more fresh runs decide it")
+        verdict, why = INCONCLUSIVE, (f"looks {direction} ({change}, p_adj={p_unless_slow:.2g} unless every run was "
+                                      f"slow, {p_adjusted:.2g} in all) from {c.candidate_runs} candidate run(s), but "
+                                      f"all of them may have been this machine's slow processes ({c.slow_share:.0%} "
+                                      f"of runs){hint}: {todo}")
     elif sig and beyond:
         verdict, why = INCONCLUSIVE, (f"significant, but {change} is inside the guard against an unlucky baseline "
                                       f"(+-{math.expm1(c.guard):.1%}){hint}: {todo}")

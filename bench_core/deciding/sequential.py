@@ -59,7 +59,7 @@ def worth_replicating(c: Any, config: Any) -> bool:
     if c.candidate_runs >= config.max_runs:
         return False
     if config.chase == "confirm":
-        return c.pending is not None
+        return c.pending is not None and c.more_runs is not None
     return possible_change(c, config.chase_p) and c.more_runs is not None
 
 

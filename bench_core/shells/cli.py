@@ -63,12 +63,12 @@ def cmd_compare(ns) -> int:
         base = storage.by_scenario(_load(ns.baseline, Path(ns.bench_baselines)))
         new = _candidate(ns.new, Path(ns.bench_baselines))
         failed = storage.load_errors(Path(ns.new)) if Path(ns.new).exists() else []
+        merged = Path(ns.new).exists() and storage.is_merged(Path(ns.new))
     except (BenchError, ValueError) as exc:
         print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     # the session's own rule unless another is asked for: one file, one answer, whichever shell reads it
     named = None if Path(ns.baseline).suffix == ".json" else ns.baseline
-    merged = Path(ns.new).suffix == ".json" and storage.is_merged(Path(ns.new))
     comps = compare_sets(base, new, gate, as_session=ns.bench_adjust is None,
                          advice=gate_advice(named, candidate="merged" if merged else "files"))
     try:
