@@ -164,8 +164,7 @@ def estimate_logs(b_log: np.ndarray, c_log: np.ndarray, config: GateConfig, prio
               "looks": len(config.looks), "min_runs": config.min_runs,
               "looks_at": f"at {', '.join(map(str, config.looks))} candidate runs",
               "baseline_spread": float(np.std(b_log, ddof=1)) if k > 1 else None, **common}
-    machine = prior
-    wild = [side for side, x in (("baseline", b_log), ("candidate", c_log)) if _beyond_machine(x, machine)]
+    wild = [side for side, x in (("baseline", b_log), ("candidate", c_log)) if _beyond_machine(x, prior)]
     if wild:
         spread = lambda x: f"{math.expm1(float(np.std(x, ddof=1))):.1%}" if x.size > 1 else "-"   # noqa: E731
         whose = "both sides'" if len(wild) == 2 else f"the {wild[0]}'s"

@@ -33,6 +33,7 @@ from bench_core.core.records import Measurement
 from bench_core.core.stats import VariancePrior, adjust_pvalues, t_interval, t_quantile
 from bench_core.deciding.comparison import Comparison, GateConfig, level_text
 from bench_core.deciding.estimate import estimate, guard_distance, noise_prior, welch_df
+from bench_core.deciding.sequential import all_slow_chance
 from bench_core.deciding.verdicts import FASTER, INCONCLUSIVE, SLOWER, UNCHANGED
 
 
@@ -107,9 +108,10 @@ def _runs_to_decide(c: Comparison, alpha_used: float, config: GateConfig) -> int
 def unless_slow(c: Comparison) -> float | None:
     """A slower-looking two-level comparison's p without the chance that every candidate run was slow; None
     elsewhere."""
-    if c.verdict is not None or c.slow_share is None or c.ratio is None or c.ratio <= 1:
+    chance = all_slow_chance(c)
+    if c.verdict is not None or chance == 0.0:
         return None
-    return max(c.p_value - c.slow_share ** c.candidate_runs, 1e-300)
+    return max(c.p_value - chance, 1e-300)
 
 
 def decide(c: Comparison, p_adjusted: float, config: GateConfig, adjustment: str, advice: Advice = ADD_RUNS,

@@ -27,6 +27,14 @@ def chase(undecided: bool, p_value: float | None, chase_p: float, beyond_reach: 
     return undecided and p_value is not None and p_value - beyond_reach < chase_p
 
 
+def all_slow_chance(c: Any) -> float:
+    """The chance, under the two-level model, that every candidate run of a slower-looking comparison was one of
+    the machine's slow processes (share^m): only more processes rule it out. 0 elsewhere: slow processes only
+    ever look slower."""
+    slower = c.ratio is not None and c.ratio > 1
+    return c.slow_share ** c.candidate_runs if slower and c.slow_share is not None else 0.0
+
+
 def possible_change(c: Any, chase_p: float, beyond: float = 0.0) -> bool:
     """A comparison (gate or side by side), undecided and looking changed at one-sided p < chase_p, either way:
     what more evidence is spent on. A possible speedup is chased as a possible slowdown is: a null comparison
@@ -44,8 +52,7 @@ def possible_change(c: Any, chase_p: float, beyond: float = 0.0) -> bool:
     "unchanged" (docs/side-by-side.md)."""
     undecided = (c.verdict == INCONCLUSIVE and not c.unusable and c.ratio is not None and c.ratio > 0
                  and c.ratio != 1)
-    slower = undecided and c.ratio > 1
-    all_slow = c.slow_share ** c.candidate_runs if slower and c.slow_share is not None else 0.0
+    all_slow = all_slow_chance(c) if undecided else 0.0
     p = c.p_value
     if beyond > 0 and undecided and c.se and c.df:
         p = t_sf((abs(math.log(c.ratio)) - math.log1p(beyond)) / c.se, c.df)
