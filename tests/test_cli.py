@@ -137,13 +137,13 @@ def test_every_argument_of_every_command_says_what_it_is():
 def test_a_results_folder_that_is_a_file_is_refused_before_anything_is_measured(tmp_path):
     import pytest
 
-    from bench_core.shells import options as opt
+    from bench_core.shells import configs, options as opt
 
     (tmp_path / "out").write_text("a file")
     values = {opt.OUT: "out", opt.BASELINES: "baselines", opt.REFS: "references", opt.TIMEOUT: 600.0,
               opt.NNODES: 1, opt.NODE_RANK: 0}
     with pytest.raises(ValueError, match="--bench-out .*out: is a file; give a folder"):
-        opt.session_config(lambda flag: values.get(flag, None if opt.BY_FLAG[flag].type else False), tmp_path, "cpu")
+        configs.session_config(lambda flag: values.get(flag, None if opt.BY_FLAG[flag].type else False), tmp_path, "cpu")
 
 
 def test_the_gpu_workflow_never_runs_a_forks_code_and_runs_one_job_at_a_time():

@@ -123,7 +123,7 @@ def test_a_cold_cache_needs_a_gpu_and_its_l2_size():
 
 def test_a_scenarios_modes_are_recorded_not_applied_on_the_cpu_and_refused_where_not_taken(tmp_path):
     from bench_core.session import BenchSession, SessionConfig
-    from bench_core.shells.options import session_config
+    from bench_core.shells.configs import session_config
 
     s = BenchSession(SessionConfig(results_dir=None), {})
     m = s.measure(Scenario("s", ("compute",), cache="cold", graph=True), lambda: None, warmup=0, repeats=2)

@@ -18,7 +18,7 @@ import pg_cluster
 from bench_core.core.signature import Signature
 from bench_core.files import history_db, storage
 from bench_core.files.history import History, HistoryError, machine_key
-from bench_core.shells import options as opt
+from bench_core.shells import configs, options as opt
 from helpers import ENV, meas, runs
 
 WHY_NOT = pg_cluster.why_not()
@@ -256,7 +256,7 @@ def test_a_url_stays_a_url_and_a_missing_driver_says_what_to_install(tmp_path, m
     value = opt.values(lambda dest: {"bench_history": url}.get(dest), {})
     monkeypatch.setitem(sys.modules, "psycopg", None)          # as if psycopg were not installed
     with pytest.raises(ValueError) as refused:
-        opt.session_config(value, tmp_path, "cpu")
+        configs.session_config(value, tmp_path, "cpu")
     with pytest.raises(HistoryError) as opening:
         History(url)
     assert main(["history", "list", "--history", url]) == 2
@@ -278,7 +278,7 @@ def test_an_unreachable_server_or_a_bad_url_names_the_url_without_its_password_a
         port = s.getsockname()[1]
     url = f"postgresql://bench:s3cret@127.0.0.1:{port}/history"
     value = opt.values(lambda dest: {"bench_history": url}.get(dest), {})
-    assert opt.session_config(value, Path("/nowhere"), "cpu").history == url    # kept a URL, checked when written
+    assert configs.session_config(value, Path("/nowhere"), "cpu").history == url    # kept a URL, checked when written
     with pytest.raises(HistoryError) as unreachable:
         History(url)
     said = str(unreachable.value)

@@ -6,7 +6,7 @@ import pytest
 
 from bench_core.deciding.comparison import GateConfig
 from bench_core.shells import cli
-from bench_core.shells import options as opt
+from bench_core.shells import configs, options as opt
 
 
 def _cli_actions(*subcommands: str) -> dict:
@@ -31,17 +31,17 @@ def test_defaults_are_the_config_objects_own_and_the_help_says_them():
     plugin = {o.flag: o for o in opt.OPTIONS}
     d = GateConfig()
     assert f"({d.alpha})" in plugin[opt.ALPHA].help and f"({d.min_runs};" in plugin[opt.MIN_RUNS].help
-    assert opt.gate_config(lambda flag: None if flag != opt.ALLOW_ENV else False) == d
+    assert configs.gate_config(lambda flag: None if flag != opt.ALLOW_ENV else False) == d
     assert f"({d.chase})" in plugin[opt.REPLICATE].help and plugin[opt.REPLICATE].choices == ("possible", "confirm")
     given = {opt.REPLICATE: "confirm", opt.ALLOW_ENV: False}
-    assert opt.gate_config(given.get).chase == "confirm"
+    assert configs.gate_config(given.get).chase == "confirm"
 
 
 @pytest.mark.parametrize("min_runs, max_runs", [(5, 3)])
 def test_both_shells_refuse_a_budget_below_the_minimum(min_runs, max_runs, tmp_path, capsys):
     plugin_values = {opt.MIN_RUNS: min_runs, opt.MAX_RUNS: max_runs, opt.ALLOW_ENV: False}
     with pytest.raises(ValueError, match="min_runs <= max_runs"):
-        opt.gate_config(lambda flag: plugin_values.get(flag))
+        configs.gate_config(lambda flag: plugin_values.get(flag))
     (tmp_path / "a.json").write_text("{}")
     code = cli.main(["compare", str(tmp_path / "a.json"), str(tmp_path / "a.json"),
                      "--min-runs", str(min_runs), "--max-runs", str(max_runs)])
@@ -50,9 +50,9 @@ def test_both_shells_refuse_a_budget_below_the_minimum(min_runs, max_runs, tmp_p
 
 def test_the_same_words_give_the_same_gate_in_both_shells():
     ns = cli.build_parser().parse_args(["compare", "a", "b", "--alpha", "0.02", "--window", "4", "--adjust", "bh"])
-    from_cli = opt.gate_config(lambda flag: getattr(ns, opt.BY_FLAG[flag].dest, None))
+    from_cli = configs.gate_config(lambda flag: getattr(ns, opt.BY_FLAG[flag].dest, None))
     words = {opt.ALPHA: 0.02, opt.WINDOW: 4, opt.ADJUST: "bh", opt.ALLOW_ENV: False}
-    assert from_cli == opt.gate_config(words.get) == GateConfig(alpha=0.02, window=4, adjust="bh")
+    assert from_cli == configs.gate_config(words.get) == GateConfig(alpha=0.02, window=4, adjust="bh")
 
 
 def test_the_running_guide_names_every_option():

@@ -145,7 +145,7 @@ def test_samples_in_two_clusters_or_widely_spread_get_a_warning_on_their_row_wit
 def test_the_default_keeps_torchs_threads_as_the_program_runs_a_count_sets_them_and_nonsense_is_refused():
     import pytest as _pytest
 
-    from bench_core.shells.options import threads as _threads
+    from bench_core.shells.configs import threads as _threads
 
     assert _threads(None, "cpu") is None and _threads(None, "cuda") is None
     assert _threads("auto", "cpu") is None and _threads("4", "cpu") == 4

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench_core.workflows.side_by_side.revisions import LoadedRevision, RevisionError, resolve, working_tree
+from bench_core.core.errors import RevisionError
+from bench_core.workflows.side_by_side.revisions import LoadedRevision, resolve, working_tree
 
 
 def git(root, *args):

@@ -33,3 +33,7 @@ class StorageError(BenchError):
         if hint:
             msg += f" ({hint})"
         super().__init__(msg)
+
+
+class RevisionError(BenchError):
+    """Another git revision cannot be compared (extracted, loaded, built); says which side and what to do."""

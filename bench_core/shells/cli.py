@@ -22,7 +22,7 @@ from bench_core.core.errors import BenchError
 from bench_core.output.comparison_tables import comparison_table
 from bench_core.output.tables import session_table
 from bench_core.files import atomic, storage
-from bench_core.shells import options as opt
+from bench_core.shells import configs, options as opt
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -59,7 +59,7 @@ def _value(ns):
 
 def cmd_compare(ns) -> int:
     try:
-        gate = opt.gate_config(_value(ns))
+        gate = configs.gate_config(_value(ns))
         base = storage.by_scenario(_load(ns.baseline, Path(ns.bench_baselines)))
         new = _candidate(ns.new, Path(ns.bench_baselines))
         failed = storage.load_errors(Path(ns.new)) if Path(ns.new).exists() else []
@@ -72,7 +72,7 @@ def cmd_compare(ns) -> int:
     comps = compare_sets(base, new, gate, as_session=ns.bench_adjust is None,
                          advice=gate_advice(named, candidate="merged" if merged else "files"))
     try:
-        fixed = opt.no_growth(ns.bench_no_growth)
+        fixed = configs.no_growth(ns.bench_no_growth)
     except ValueError as exc:
         print(f"bench_core compare: unusable input: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench_core.files import children
-from bench_core.shells import options as opt
+from bench_core.shells import configs, options as opt
 
 _KEY = pytest.StashKey["object"]()
 _SIGTERM = pytest.StashKey["object"]()   # the SIGTERM handler the session replaced
@@ -46,7 +46,7 @@ def pytest_configure(config):
     try:
         root = _project_root(config)
         values, project = _values(config)
-        scfg = opt.session_config(values, root, device, **_pytest_benchmark(config, values),
+        scfg = configs.session_config(values, root, device, **_pytest_benchmark(config, values),
                                   **opt.project_defaults(project))
         shared = xdist_share(config)
         if shared:   # measurements taken beside other tests are refused, and nothing is written

@@ -143,7 +143,7 @@ def revision_function(session, request, name, path, function):
     that it cannot share this process). `path` and `function` name the revision's counterpart of the test
     (`counterpart_test`). A test module of the revision that does not compile or import is the revision's own
     error: a ScenarioError with its traceback."""
-    from bench_core.workflows.side_by_side.revisions import RevisionError
+    from bench_core.core.errors import RevisionError
 
     loaded = session.revision
     label = loaded.revision.label

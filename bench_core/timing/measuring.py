@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 from bench_core.timing.backends import Backend, backend_for
 from bench_core.core.errors import InvalidRecord, ScenarioError
 from bench_core.core.records import ColdStart, Measurement
-from bench_core.timing.protocol import series
+from bench_core.timing.series import series
 from bench_core.timing.sampling import Clock, Sampler, set_threads
 from bench_core.core.scenario import Scenario
 

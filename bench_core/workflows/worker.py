@@ -317,6 +317,6 @@ def server_env(roots: list[str], malloc: str = "as-is") -> dict[str, str]:
 
 def import_roots(current_root: Path, side_root: Path, sys_path=None) -> list[str]:
     """The import roots a side's server needs: its tree's counterparts of this process's roots in the repo."""
-    from bench_core.workflows.side_by_side.revisions import search_roots
+    from bench_core.workflows.side_by_side.importer import search_roots
 
     return [str(p) for p in search_roots(current_root, side_root, sys_path)]
