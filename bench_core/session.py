@@ -15,6 +15,7 @@ What a session may be asked, and where it goes:
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -27,11 +28,11 @@ from bench_core.deciding.comparison import Comparison, GateConfig, tally
 from bench_core.deciding.verdicts import NEW
 from bench_core.files import storage
 from bench_core.output import reporters, summary
-from bench_core.timing.counts import DEFAULT_REPEATS, DEFAULT_WARMUP, QUICK
-from bench_core.timing.measuring import measure
 from bench_core.timing.sampling import time_limit
 from bench_core.workflows import ab as ab_workflow, stored_gate
 from bench_core.workflows.distributed import scenario as distributed
+from bench_core.workflows.outcome import NotCounted, Outcome, SideBySide
+from bench_core.workflows.replicas import Replica
 from bench_core.workflows.side_by_side import compare as side_by_side
 
 
@@ -123,38 +124,11 @@ class SessionConfig:
         return self.mode in GATED
 
 
-@dataclass(frozen=True)
-class NotCounted:
-    """Something asked of a scenario that could not be done (a count, a profiler pass): said under the tables,
-    never an error."""
-
-    scenario: str
-    what: str                   # "FLOPs not counted", "no profiler pass", ...
-    why: str = ""
-    side: str | None = None     # side by side: which side's process
-
-    def said(self) -> str:
-        return f"{self.scenario}{f' ({self.side})' if self.side else ''}: {self.what}" + (
-            f": {self.why}" if self.why else "")
-
-
-@dataclass(frozen=True)
-class SideBySide:
-    """One scenario decided side by side: its comparison, the rounds it ran, and each side's proof of its code."""
-
-    scenario: str
-    comparison: Comparison
-    rounds: Mapping[str, Any]   # `timing.protocol.Rounds.to_dict()`
-    code: Mapping[str, Any]
-
-    def to_dict(self) -> dict:
-        return {"scenario": self.scenario, "comparison": self.comparison.to_dict(), "method": self.comparison.method,
-                "rounds": dict(self.rounds), "code": dict(self.code)}
-
-
 class Ledger:
-    """What a session measured, decided and could not do, for the reports. The workflows record into it through
-    these methods only; everyone else reads the views (tuples: nothing outside appends to them)."""
+    """What a session measured, decided and could not do, for the reports. Each scenario's `Outcome` enters
+    through `record`, once, when its workflow returns it to the session; what could not be done (counted,
+    compared, measured), errors and leaks are the session's notes, through their own methods; everyone else reads
+    the views (tuples: nothing outside appends to them)."""
 
     def __init__(self):
         self._results: list[Measurement] = []
@@ -188,22 +162,21 @@ class Ledger:
         return [n.said() for n in self._not_counted]
 
     # -- recording ------------------------------------------------------------------------------
-    def record_result(self, m: Measurement) -> None:
-        self._results.append(m)
-
-    def record_comparison(self, c: Comparison, replicas: list[Measurement] | None = None) -> None:
-        """A stored gate's comparison (with the fresh-process runs it took, if any)."""
-        self._comparisons.append(c)
-        if replicas:
-            self._replicas[c.name] = list(replicas)
-
-    def record_side_by_side(self, c: Comparison, rounds: Mapping[str, Any], code: Mapping[str, Any] | None) -> None:
-        self._comparisons.append(c)
-        self._side_by_side.append(SideBySide(c.name, c, dict(rounds), dict(code or {})))
-
-    def record_decision(self, name: str, result: Any) -> None:
-        """An A/B decision (`workflows.ab.ABResult`)."""
-        self._decisions.append((name, result))
+    def record(self, o: Outcome) -> None:
+        """A scenario's outcome, kept whole: the one way a result, a comparison, a side-by-side record or a
+        decision enters the ledger."""
+        if o.result is not None:
+            self._results.append(o.result)
+        if o.comparison is not None:
+            self._comparisons.append(o.comparison)
+        if o.replicas:
+            self._replicas[o.scenario] = list(o.replicas)
+        if o.side_by_side is not None:
+            self._side_by_side.append(o.side_by_side)
+        if o.not_compared is not None:
+            self.not_compared(o.scenario, o.not_compared, new=o.new)
+        if o.decision is not None:
+            self._decisions.append((o.scenario, o.decision))
 
     def record_profile(self, profile: Any) -> None:
         self._profiles.append(profile)
@@ -247,8 +220,7 @@ class Ledger:
 
 
 class BenchSession(Ledger):
-    def __init__(self, config: SessionConfig, environment: Mapping[str, Any],
-                 measure_fn: Callable[..., Measurement] = measure):
+    def __init__(self, config: SessionConfig, environment: Mapping[str, Any]):
         if config.save is not None:  # a name given empty (an unset $BASELINE in CI) is an error, not "no save"
             path = storage.baseline_path(config.baselines_dir, config.save)
             if path.exists() and not config.append:  # fail before the run, not after minutes of it
@@ -256,7 +228,6 @@ class BenchSession(Ledger):
                                    hint="pass --bench-append to add this session as another run, or pick a new name")
         self.config = config
         self.environment = dict(environment)
-        self._measure = measure_fn
         self.progress = None                          # a progress.Progress, when someone is watching
         self.family_size: int | None = None           # scenarios in this session, once collection knows
         self.shard: dict | None = None                # which part of which split this session ran (--bench-shard)
@@ -272,57 +243,7 @@ class BenchSession(Ledger):
         if config.compare is not None:
             self.baseline, self.prior, self.baseline_notes = stored_gate.load_baseline(config)
 
-    # -- measuring -------------------------------------------------------------------------------
-    def counts(self, warmup: int | None, repeats: int | None) -> tuple[int, int]:
-        """Command line, then quick mode, the scenario's own choice, the project's defaults, bench_core's."""
-        c = self.config
-        w = c.warmup if c.warmup is not None else QUICK.warmup if c.quick else \
-            warmup if warmup is not None else c.default_warmup if c.default_warmup is not None else DEFAULT_WARMUP
-        r = c.repeats if c.repeats is not None else QUICK.repeats if c.quick else \
-            repeats if repeats is not None else c.default_repeats if c.default_repeats is not None else \
-            DEFAULT_REPEATS
-        return w, r
-
-    def measure(self, scenario: Scenario, fn: Callable[[], Any], *, warmup: int | None = None,
-                repeats: int | None = None, **kwargs) -> Measurement:
-        """Measure without recording (errors are recorded: they belong in the report)."""
-        w, r = self.counts(warmup, repeats)
-        scenario = scenario.with_metadata(device=self.config.device)
-        if self.progress is not None:
-            kwargs = {"progress": self.progress.scenario(scenario.name), **kwargs}
-        scenario, modes = self._gpu_modes(scenario)
-        kwargs = {**modes, **kwargs}
-        try:
-            return self._measure(fn, scenario=scenario, device=self.config.device, warmup=w, repeats=r,
-                                 threads=self.config.threads, environment=self.environment, **kwargs)
-        except ScenarioError as exc:
-            self.record_error(scenario.name, exc.problem)
-            raise
-        except TypeError as exc:  # a wrong keyword from the benchmark itself
-            self.record_error(scenario.name, str(exc))
-            raise ScenarioError(scenario.name, str(exc)) from exc
-
-    def gpu_modes(self, scenario: Scenario) -> tuple[str | None, bool]:
-        """The scenario's GPU timing modes, (cache, graph): the command line's beat its own."""
-        return self.config.cache or scenario.cache, self.config.graph or scenario.graph
-
-    def gpu_modes_said(self, scenario: Scenario) -> str:
-        """The scenario's GPU timing modes in words ("" where none)."""
-        cache, graph = self.gpu_modes(scenario)
-        return ", ".join([f"cache {cache}"] * bool(cache) + ["graph"] * graph)
-
-    def _gpu_modes(self, scenario: Scenario) -> tuple[Scenario, dict]:
-        """The scenario and `measure`'s arguments for its GPU modes; the first cold scenario of the session checks
-        the flush. On the CPU a scenario's modes are not applied, and its metadata says so."""
-        cache, graph = self.gpu_modes(scenario)
-        if not cache and not graph:
-            return scenario, {}
-        if self.config.device == "cpu":
-            return scenario.with_metadata(gpu_modes=f"not applied on the CPU: {self.gpu_modes_said(scenario)}"), {}
-        check = cache == "cold" and not self.cache_checked
-        self.cache_checked = self.cache_checked or check
-        return scenario, {"cache": cache, "graph": graph, "cache_check": check}
-
+    # -- the session's state -----------------------------------------------------------------------
     def limited(self, scenario: Scenario):
         """The scenario's time limit, as a context: a hang fails that scenario, by name."""
         return time_limit(self.config.timeout_s, scenario.name)
@@ -344,32 +265,71 @@ class BenchSession(Ledger):
         return self.compared_with is not None and not any(c.verdict != NEW for c in self.comparisons)
 
     # -- routing to the workflows ------------------------------------------------------------------
-    def run(self, scenario: Scenario, fn: Callable[[], Any], *,
-            replicate: Callable[[int, int], Measurement] | None = None, **kwargs) -> tuple[Measurement, Comparison | None]:
-        """Measure, gate, record; all within the time limit. `replicate(warmup, repeats)` measures the
-        scenario once more in a fresh process, for a possible change the gate cannot decide on one run."""
+    @contextmanager
+    def _named(self, name: str):
+        """A workflow's failure for scenario `name` recorded once, by name, and raised on."""
         try:
-            with self.limited(scenario):
-                return stored_gate.run(self, scenario, fn, replicate, **kwargs)
+            yield
         except ScenarioError as exc:
-            self.record_error(scenario.name, exc.problem)
+            self.record_error(name, exc.problem)
             raise
+
+    def _recorded(self, name: str, work: Callable[[], Outcome]) -> Outcome:
+        """A workflow's outcome for scenario `name`, recorded whole (its failure by name)."""
+        with self._named(name):
+            outcome = work()
+        self.record(outcome)
+        return outcome
+
+    def run(self, scenario: Scenario, fn: Callable[[], Any], *, replica: Replica | None = None,
+            **kwargs) -> tuple[Measurement, Comparison | None]:
+        """Measure, gate, record; then the diagnose pass, after the measurement and never inside it; all within the
+        time limit. `replica`: how to measure the scenario once more in a fresh process, for a possible change the
+        gate cannot decide on one run."""
+        return self._here(scenario, fn, replica, None, False, kwargs)
+
+    def run_alone(self, scenario: Scenario, fn: Callable[[], Any], why: str, *, new: bool = False,
+                  **kwargs) -> tuple[Measurement, Comparison | None]:
+        """Side by side, a scenario the revision cannot run: measured here only, as `run` measures, and said not
+        compared (`new`: the revision never had it)."""
+        return self._here(scenario, fn, None, why, new, kwargs)
+
+    def _here(self, scenario, fn, replica, why, new, kwargs) -> tuple[Measurement, Comparison | None]:
+        with self._named(scenario.name), self.limited(scenario):
+            o = stored_gate.run(self, scenario, fn, replica, **kwargs)
+            self.record(o if why is None else o.alone(why, new))
+            if self.config.profile is not None:
+                from bench_core.workflows.diagnose.passes import diagnose_after
+
+                diagnose_after(self, o.result, fn, kwargs.get("setup"))
+        return o.result, o.comparison
+
+    def run_against(self, scenario: Scenario, live, rebuild, rev_build, **kwargs):
+        o = self._recorded(scenario.name,
+                           lambda: side_by_side.run_against(self, scenario, live, rebuild, rev_build, **kwargs))
+        return o.result, o.comparison
+
+    def run_against_processes(self, scenario: Scenario, live, sides, **kwargs):
+        o = self._recorded(scenario.name, lambda: side_by_side.run_against_processes(self, scenario, live, sides,
+                                                                                     **kwargs))
+        return o.result, o.comparison
 
     def run_distributed(self, scenario: Scenario, build: Callable, **kwargs) -> tuple[Measurement, Comparison | None]:
         if self.revision is not None:   # side by side: each side's ranks from its own tree
             from bench_core.workflows.side_by_side.distributed import against_distributed
 
-            return against_distributed(self, scenario, build, **kwargs)
-        return distributed.run_distributed(self, scenario, build, **kwargs)
+            o = self._recorded(scenario.name, lambda: against_distributed(self, scenario, build, **kwargs))
+        else:
+            o = self._recorded(scenario.name, lambda: distributed.run_distributed(self, scenario, build, **kwargs))
+            if self.config.profile is not None:   # after the measurement, in a launch of its own
+                with self._named(scenario.name):
+                    distributed.diagnose_distributed(self, scenario, build, **kwargs)
+        return o.result, o.comparison
 
     def ab_distributed(self, name: str, build: Callable, baseline: Mapping[str, Any], candidate: Mapping[str, Any],
                        **kwargs):
-        return distributed.ab_distributed(self, name, build, baseline, candidate, **kwargs)
-
-    def profile_distributed(self, name: str, spec: Mapping[str, Any], topology) -> None:
-        from bench_core.workflows.diagnose.passes import profile_distributed
-
-        profile_distributed(self, name, spec, topology)
+        return self._recorded(name, lambda: distributed.ab_distributed(self, name, build, baseline, candidate,
+                                                                       **kwargs)).decision
 
     def open_revision(self, root: Path, project: Path | None = None) -> None:
         side_by_side.open_revision(self, root, project)
@@ -377,17 +337,11 @@ class BenchSession(Ledger):
     def close_revision(self) -> None:
         side_by_side.close_revision(self)
 
-    def run_against(self, scenario: Scenario, live, rebuild, rev_build, **kwargs):
-        return side_by_side.run_against(self, scenario, live, rebuild, rev_build, **kwargs)
-
-    def run_against_processes(self, scenario: Scenario, live, sides, **kwargs):
-        return side_by_side.run_against_processes(self, scenario, live, sides, **kwargs)
-
     def ab(self, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any], **kwargs):
         if self.config.cache or self.config.graph:   # never a decision taken otherwise than the run asked for
             raise ScenarioError(name, "an A/B decision does not apply the GPU timing modes (--bench-cache, "
                                       "--bench-graph): run it without them")
-        return ab_workflow.run_ab(self, name, baseline, candidate, **kwargs)
+        return self._recorded(name, lambda: ab_workflow.run_ab(self, name, baseline, candidate, **kwargs)).decision
 
     def reference(self, name: str, variant, state, model, optimizer=None, *, steps: int = 3, tolerance=None):
         """Record reference NAME (when saving references; returns None) or check `variant` against it."""

@@ -23,6 +23,17 @@ def runs(levels, n=30, spread=0.01, seed=0, name="s", **kw):
     return [meas(level * (1 + spread * rng.standard_normal(n)), name=name, **kw) for level in levels]
 
 
+class FreshProcesses:
+    """A stand-in for the gate's fresh processes (`workflows.replicas.Replica`): `measure` hands the counts to
+    `replicate(warmup, repeats)`, a fake process's measurement."""
+
+    def __init__(self, replicate):
+        self.replicate = replicate
+
+    def measure(self, name, environment, warmup, repeats, timeout_s):
+        return self.replicate(warmup, repeats)
+
+
 def orphaned_workers() -> list[int]:
     """bench_core side servers (`--bench-serve`) and their forked round processes whose parent is gone (adopted by
     init or a subreaper): leaks, whoever made them. Servers of other live sessions on the machine are not counted."""

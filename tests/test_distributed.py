@@ -456,7 +456,9 @@ def test_the_diagnose_pass_writes_one_trace_per_rank_and_says_who_waits(tmp_path
                      ENV)
     # rank 1 sleeps 20 ms before each step's all-reduce, so rank 0 waits for it inside the collective
     spec = _spec("paced", params={"base_ms": 5.0, "comm_ms": 0.0, "slow_rank": 1, "slow_ms": 20.0}, validate=False)
-    s.profile_distributed("paced[x]", spec, Topology(2))
+    from bench_core.workflows.diagnose.passes import profile_distributed
+
+    profile_distributed(s, "paced[x]", spec, Topology(2))
     assert [p.scenario for p in s.profiles] == ["paced[x].rank0", "paced[x].rank1"]
     traces = sorted(p.name for p in (tmp_path / "p").glob("*.trace.json"))
     assert traces == ["paced_x_.rank0.trace.json", "paced_x_.rank1.trace.json"]

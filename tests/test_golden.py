@@ -20,11 +20,12 @@ from bench_core import Scenario, measure
 from bench_core.deciding.comparison import GateConfig
 from bench_core.timing.protocol import Instance
 from bench_core.workflows.ab import ab, ab_rounds
+from bench_core.workflows.outcome import Outcome
 from bench_core.session import BenchSession, SessionConfig
 from bench_core.workflows.side_by_side.compare import AgainstConfig
 from bench_core.workflows.side_by_side.revisions import Revision
 from fakes import FakeClock
-from helpers import ENV
+from helpers import ENV, FreshProcesses
 
 ITEMS = {"fwd": 8}
 GOLDEN = Path(__file__).parent / "golden" / "session.json"
@@ -77,7 +78,7 @@ def _plain_and_stored_gate(tmp_path) -> dict:
     now = {"fwd": 2.0 * 1.4, "train": 5.0}      # fwd regressed by 40%, train did not
     for sc in _scenarios():
         s.run(sc, _steps(clock, [now[sc.name]]), clock=clock, items=ITEMS.get(sc.name),
-              replicate=replicate_at(sc.name, now[sc.name]))
+              replica=FreshProcesses(replicate_at(sc.name, now[sc.name])))
     out["gate"] = {"comparisons": [_comparison(c) for c in s.comparisons], "fails": [s.fails(c) for c in s.comparisons],
                    "outcome": s.outcome(), **_texts(s)}
     return out
@@ -123,8 +124,8 @@ def _ab() -> dict:
         return lambda: (lambda k=float(np.exp(rng.normal(0, 0.005))): clock.advance_ms(ms * k))
     rounds = ab_rounds(factory(2.1), factory(2.0), clock=clock, name="rounds")
     s = BenchSession(SessionConfig(results_dir=None), ENV)
-    s.record_decision("plain", plain)
-    s.record_decision("rounds", rounds)
+    s.record(Outcome("plain", decision=plain))
+    s.record(Outcome("rounds", decision=rounds))
     keep = ("verdict", "speedup", "ci_low", "ci_high", "p_value", "reason")
     return {name: {k: getattr(r, k) for k in keep} for name, r in s.decisions} | _texts(s)
 

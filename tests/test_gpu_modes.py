@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from bench_core.workflows import measured
 from bench_core import Scenario, measure
 from bench_core.core.errors import ScenarioError
 from bench_core.deciding.gate import compare_runs
@@ -126,7 +127,7 @@ def test_a_scenarios_modes_are_recorded_not_applied_on_the_cpu_and_refused_where
     from bench_core.shells.configs import session_config
 
     s = BenchSession(SessionConfig(results_dir=None), {})
-    m = s.measure(Scenario("s", ("compute",), cache="cold", graph=True), lambda: None, warmup=0, repeats=2)
+    m = measured.measure(s, Scenario("s", ("compute",), cache="cold", graph=True), lambda: None, warmup=0, repeats=2)
     assert m.scenario.metadata["gpu_modes"] == "not applied on the CPU: cache cold, graph"
     assert m.gpu_timing is None
     assert "s: GPU timing modes not applied on the CPU: cache cold, graph" in " ".join(session_table([m]).split())
@@ -152,10 +153,10 @@ def test_only_the_sessions_first_cold_scenario_runs_the_self_check():
     clock, gpu, backend = _gpu()
     s = BenchSession(SessionConfig(device="cuda", results_dir=None), {})
     read = _reader(gpu)
-    hot = s.measure(Scenario("a", ("compute",), cache="hot"), read, warmup=0, repeats=2, clock=clock, backend=backend)
-    first = s.measure(Scenario("b", ("compute",), cache="cold"), read, warmup=0, repeats=2, clock=clock,
+    hot = measured.measure(s, Scenario("a", ("compute",), cache="hot"), read, warmup=0, repeats=2, clock=clock, backend=backend)
+    first = measured.measure(s, Scenario("b", ("compute",), cache="cold"), read, warmup=0, repeats=2, clock=clock,
                       backend=backend)
-    second = s.measure(Scenario("c", ("compute",), cache="cold"), read, warmup=0, repeats=2, clock=clock,
+    second = measured.measure(s, Scenario("c", ("compute",), cache="cold"), read, warmup=0, repeats=2, clock=clock,
                        backend=backend)
     assert "check" not in hot.gpu_timing["cache"] and "check" in first.gpu_timing["cache"]
     assert "check" not in second.gpu_timing["cache"]

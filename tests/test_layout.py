@@ -213,3 +213,29 @@ def test_the_readme_is_a_newcomers_page_and_its_links_resolve():
     assert links and all((ROOT / link).exists() for link in links), [x for x in links if not (ROOT / x).exists()]
     docs = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert docs <= {Path(link).name for link in links}, f"docs the README does not lead to: {docs - set(map(str, links))}"
+
+
+def test_only_the_session_records_an_outcome_and_writes_its_ledger():
+    """A workflow returns what a scenario came to as its `Outcome`; the session records it whole
+    (`Ledger.record`), and no module outside session.py touches the ledger's lists or records for it."""
+    lists = {"_results", "_errors", "_comparisons", "_decisions", "_profiles", "_replicas", "_not_counted",
+             "_side_by_side", "_one_side", "_new", "_unmeasured", "_leaks"}
+
+    def session_like(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id in ("session", "s")) or (
+            isinstance(node, ast.Attribute) and node.attr in ("session", "_session"))
+    offenders = []
+    for mod, tree in MODULES.items():
+        if mod == "bench_core.session":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in lists and session_like(node.value):
+                offenders.append(f"{mod}:{node.lineno}: {node.attr}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "record" and session_like(node.func.value):
+                offenders.append(f"{mod}:{node.lineno}: records an outcome")
+    assert not offenders, offenders
+    from bench_core.session import Ledger
+
+    # one writer for what an outcome holds; errors and profiler passes are the session's notes beside them
+    assert sorted(n for n in vars(Ledger) if n.startswith("record")) == ["record", "record_error", "record_profile"]

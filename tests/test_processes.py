@@ -273,11 +273,10 @@ def test_every_measuring_process_gets_the_sessions_malloc_policy_and_results_rec
     """--bench-malloc: this process pinned (or not), the gate's fresh processes told by option, distributed ranks
     by their spec, servers by their variables; the user's own variables win; the policy is a comparability field
     where both results recorded it, and older records without it stay comparable."""
-    from types import SimpleNamespace
 
     from bench_core.core.environment import differences
     from bench_core.session import SessionConfig
-    from bench_core.shells.replay import replica_command
+    from bench_core.shells.replay import replica_for
     from bench_core.workflows.malloc import PINNED_MALLOC, settle_malloc
     from bench_core.workflows.worker import server_env
 
@@ -296,10 +295,11 @@ def test_every_measuring_process_gets_the_sessions_malloc_policy_and_results_rec
                                        f"MALLOC_TRIM_THRESHOLD_={PINNED_MALLOC['MALLOC_TRIM_THRESHOLD_']}")
 
     for policy in ("pinned", "as-is"):
-        session = SimpleNamespace(config=SessionConfig(results_dir=None, malloc=policy))
-        argv = replica_command(session, "t.py::test", tmp_path, None, tmp_path / "r.json", 1, 3)
+        config = SessionConfig(results_dir=None, malloc=policy)
+        argv = replica_for(config, "t.py::test", "t", tmp_path, None).command(tmp_path / "r.json", 1, 3)
         assert f"--bench-malloc={policy}" in argv and "-n" not in argv
-    xdist = replica_command(session, "t.py::test", tmp_path, None, tmp_path / "r.json", 1, 3, xdist=True)
+        assert argv[-3:] == [f"--bench-replica={tmp_path / 'r.json'}", "--bench-warmup=1", "--bench-repeats=3"]
+    xdist = replica_for(config, "t.py::test", "t", tmp_path, None, xdist=True).command(tmp_path / "r.json", 1, 3)
     assert xdist[xdist.index("-n") + 1] == "0"   # alone on its cores, where a project's addopts say -n 4
 
     cpu = {"device": "cpu", "cpu_model": "x", "cpu_count": 2}

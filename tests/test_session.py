@@ -7,8 +7,9 @@ import pytest
 from bench_core import Scenario, StorageError
 from bench_core.deciding.comparison import GateConfig
 from bench_core.session import BenchSession, SessionConfig
+from bench_core.workflows.measured import counts
 from fakes import FakeClock
-from helpers import ENV
+from helpers import ENV, FreshProcesses
 
 
 def _session(tmp_path, **kw):
@@ -27,10 +28,10 @@ def _levels(clock, levels):
 
 
 def test_counts_priority(tmp_path):
-    s = _session(tmp_path)
-    assert s.counts(None, None) == (3, 20) and s.counts(5, 7) == (5, 7)
-    assert _session(tmp_path, quick=True).counts(5, 7) == (1, 5)
-    assert _session(tmp_path, quick=True, repeats=9).counts(5, 7) == (1, 9)
+    config = _session(tmp_path).config
+    assert counts(config, None, None) == (3, 20) and counts(config, 5, 7) == (5, 7)
+    assert counts(_session(tmp_path, quick=True).config, 5, 7) == (1, 5)
+    assert counts(_session(tmp_path, quick=True, repeats=9).config, 5, 7) == (1, 9)
 
 
 def _baseline(tmp_path, runs=3):
@@ -63,7 +64,7 @@ def test_a_slow_first_process_is_replicated_away(tmp_path):
     calls = []
     # this process is slow; fresh processes are not
     m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock,
-                 replicate=_replicas([2.02], calls))
+                 replica=FreshProcesses(_replicas([2.02], calls)))
     assert c.verdict != "slower" and not s.fails(c)
     assert c.candidate_runs == 1 + len(calls) >= 3 and calls[0] == (0, 10)   # the session's own counts
     assert "2 fresh process(es)" in c.method or "4 fresh process(es)" in c.method
@@ -75,7 +76,7 @@ def test_a_slowdown_every_process_sees_fails(tmp_path):
     _baseline(tmp_path, runs=5)
     s = _session(tmp_path, compare="main", repeats=10, warmup=0)
     clock = FakeClock()
-    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=_replicas([3.0]))
+    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replica=FreshProcesses(_replicas([3.0])))
     assert c.verdict == "slower" and c.candidate_runs == 3 and s.fails(c)
     # the baseline was recorded in one sitting, seconds apart: the report says it may be too uniform
     text = dict(s.summary_sections())["bench_core comparison with baseline 'main'"]
@@ -95,7 +96,7 @@ def test_without_fresh_processes_one_run_never_says_slower_and_says_why(tmp_path
     def broken(warmup, repeats):
         raise ScenarioError("a", "worker processes cannot be given ['tmp_path']")
     clock = FakeClock()
-    _, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=broken)
+    _, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replica=FreshProcesses(broken))
     assert c.verdict == "inconclusive" and "replication stopped: worker processes cannot be given" in c.reason
     # a single-look gate (min_runs=1) decides on this process alone, as a dedicated runner may want
     one = _session(tmp_path, compare="main", repeats=10, warmup=0, gate=GateConfig(min_runs=1, max_runs=1))
@@ -127,7 +128,7 @@ def test_gate_decisions_are_kept_in_the_session_file(tmp_path):
     _baseline(tmp_path)
     s = _session(tmp_path, compare="main", repeats=10, warmup=0)
     clock = FakeClock()
-    s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=_replicas([3.0]))
+    s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replica=FreshProcesses(_replicas([3.0])))
     (line, *advice), failures = s.finish()
     assert failures == [] and advice[0].startswith("next: where the time went")   # the gate failed "a"
     doc = json.loads(open(line.removeprefix("results written to ")).read())
@@ -176,7 +177,7 @@ def test_a_machine_with_slow_processes_is_gated_on_two_levels_and_stored(tmp_pat
     s = _session(tmp_path, compare="main", repeats=10, warmup=0)
     assert s.prior.slow is not None and s.prior.slow.share == pytest.approx(0.2, abs=0.02)
     clock = FakeClock()
-    _, c = s.run(Scenario("a", ("forward",)), _levels(clock, [2.5]), clock=clock, replicate=_replicas([2.5]))
+    _, c = s.run(Scenario("a", ("forward",)), _levels(clock, [2.5]), clock=clock, replica=FreshProcesses(_replicas([2.5])))
     assert c.verdict == "slower" and c.ratio == pytest.approx(1.25, rel=0.02)
     assert c.slow_runs[0] == pytest.approx(2.0, abs=0.1)      # the baseline's two slow runs, told apart
     text = " ".join(" ".join(body for _, body in s.summary_sections()).split())     # unwrapped
@@ -217,10 +218,10 @@ def test_under_confirm_only_a_change_the_gate_would_call_costs_fresh_processes(t
     s = _session(tmp_path, compare="main", repeats=10, warmup=0, gate=confirm)
     clock, calls = FakeClock(), []
     # this process reads 1.5x, past the threshold and changed-looking over the family: fresh processes look again
-    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replicate=_replicas([2.02], calls))
+    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [3.0]), clock=clock, replica=FreshProcesses(_replicas([2.02], calls)))
     assert len(calls) >= 2 and c.candidate_runs == 1 + len(calls) and c.verdict != "slower"
     clock, calls = FakeClock(), []
     s = _session(tmp_path, compare="main", repeats=10, warmup=0, gate=confirm)
     # +2%: a possible change the default would chase, never one the gate would call: no process spent
-    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [2.06]), clock=clock, replicate=_replicas([2.06], calls))
+    m, c = s.run(Scenario("a", ("forward",)), _levels(clock, [2.06]), clock=clock, replica=FreshProcesses(_replicas([2.06], calls)))
     assert calls == [] and c.candidate_runs == 1 and c.verdict == "inconclusive"

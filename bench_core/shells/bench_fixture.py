@@ -63,9 +63,8 @@ class BenchFixture:
             if session.revision is not None:
                 m, c = replay.run_against(session, self._request, self._sizing, scenario, fn, kwargs)
             else:
-                replicate = replay.replicator(session, self._request, scenario.name) \
-                    if session.baseline is not None else None
-                m, c = session.run(scenario, fn, replicate=replicate, **kwargs)
+                replica = replay.replica(session, self._request, scenario.name) if session.baseline is not None else None
+                m, c = session.run(scenario, fn, replica=replica, **kwargs)
         except ScenarioError as exc:
             pytest.fail(self._session.shown(str(exc)), pytrace=False)
         why = session.failed_to_compare(scenario.name) if c is None and session.config.strict else None

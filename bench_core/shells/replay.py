@@ -8,14 +8,13 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 
 from bench_core.core.errors import ScenarioError
 from bench_core.core.scenario import thaw
-from bench_core.files import children, storage
 from bench_core.shells import options as opt
+from bench_core.workflows import measured
 from bench_core.workflows.side_by_side.capture import capture, instance_from
 
 
@@ -29,7 +28,7 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     every other instance comes from calling the test function again (this tree's, and the revision's), in this
     process where both sides can share it faithfully, else each side in a pytest process of its own."""
     loaded, name, a = session.revision, scenario.name, session.config.against
-    modes = session.gpu_modes_said(scenario)
+    modes = measured.gpu_modes_said(session.config, scenario)
     if session.config.device != "cpu" and modes:
         raise ScenarioError(name, f"its GPU timing modes ({modes}) are taken by plain runs and the stored-baseline "
                                   f"gate; side by side ({opt.AGAINST}) does not apply them, so it is not compared: "
@@ -44,9 +43,8 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     live = instance_from(fn, kwargs, scenario)
     path, function, missing = counterpart_test(loaded, request, name)
     if missing is not None:   # the revision lacks it: measured alone, and reported
-        session.not_compared(name, f"measured on the current tree only: {missing}",
-                             new=new_here(loaded, request, name))
-        return session.run(scenario, fn, **kwargs)
+        return session.run_alone(scenario, fn, f"measured on the current tree only: {missing}",
+                                 new=new_here(loaded, request, name), **kwargs)
     if a.in_processes:
         why = f"{opt.AGAINST_PYTHON} {a.python}" if a.python else opt.AGAINST_PROCESSES
         return _in_processes(session, request, scenario, live, path, function, kwargs, f"asked for ({why})")
@@ -60,8 +58,8 @@ def run_against(session, request, sizing, scenario, fn, kwargs):
     if isolate:  # cannot share this process: each side in a process of its own
         return _in_processes(session, request, scenario, live, path, function, kwargs, why)
     if theirs is None:
-        session.not_compared(name, f"measured on the current tree only: {why}", new=new_here(loaded, request, name))
-        return session.run(scenario, fn, **kwargs)
+        return session.run_alone(scenario, fn, f"measured on the current tree only: {why}",
+                                 new=new_here(loaded, request, name), **kwargs)
     unfaithful = same_code(session, request, theirs)
     if unfaithful:
         return _in_processes(session, request, scenario, live, path, function, kwargs,
@@ -260,41 +258,25 @@ def server_command(python: str, file: Path, tree: Path, inifile: Path | None, **
     return pytest_child(python, str(file), tree, inifile, **session) + ["-s"]
 
 
-def replicator(session, request, name):
-    """The gate's replication: this test item run again by pytest in a fresh process of this tree, with its own
-    fixtures, parameters and conftest files, measuring only; its measurement of this scenario comes back."""
+def replica(session, request, name):
+    """How the gate's replication runs this test item again (`replica_for`), from what pytest knows of it."""
     config = request.config
-    root = Path(str(config.rootpath))
-    limit = (session.config.timeout_s or children.LIMIT_S) + children.STARTUP_S
-
-    def replicate(warmup, repeats):
-        with tempfile.TemporaryDirectory(prefix="bench_core-replica-") as tmp:
-            out, log_path = Path(tmp) / "replica.json", Path(tmp) / "pytest.log"
-            # with the session's own conftest options (a model size, a compiler): the same test, asked the same way
-            argv = replica_command(session, request.node.nodeid, root, config.inipath, out, warmup, repeats,
-                                   config.pluginmanager.hasplugin("xdist")) + forwarded_args(config)
-            env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}   # forwarded in argv already
-            env[NAMES_ENV] = json.dumps({request.node.nodeid: name})   # named as here, whatever it collects
-            ran = children.run_logged(argv, log_path, limit, tail_lines=3, cwd=str(root), env=env)
-            code, tail = ran.code, ran.tail
-            if code is None:
-                raise ScenarioError(name, f"the fresh process ran past {limit:g} s and was ended: {tail}")
-            m = storage.read_replica(out, name, session.environment) if out.exists() else None
-            if m is None:
-                raise ScenarioError(name, f"the fresh process (pytest {request.node.nodeid}, exit {code}) did not "
-                                          f"measure this scenario: {tail}")
-            return m
-    return replicate
+    return replica_for(session.config, request.node.nodeid, name, Path(str(config.rootpath)), config.inipath,
+                       xdist=config.pluginmanager.hasplugin("xdist"), forwarded=forwarded_args(config))
 
 
-def replica_command(session, nodeid: str, root: Path, inipath, out: Path, warmup: int, repeats: int,
-                    xdist: bool = False) -> list[str]:
-    """The pytest command that runs one test item again in a fresh process, measuring only (no gate, no files
-    but the replica's), with this session's device, counts and threads."""
-    c = session.config
+def replica_for(c, nodeid: str, name: str, root: Path, inipath, *, xdist: bool = False, forwarded=()):
+    """The test item `nodeid` run again by pytest in a fresh process of this tree, with its own fixtures,
+    parameters and conftest files (and the session's own conftest options, `forwarded`: a model size, a compiler),
+    measuring only, with this session's device, threads, GPU modes and malloc, its scenario named `name` whatever
+    it collects (`workflows.replicas` runs it, adding the counts)."""
+    from bench_core.workflows.replicas import Replica
+
     argv = pytest_child(sys.executable, nodeid, root, inipath, device=c.device, quick=c.quick, threads=c.threads,
                         timeout_s=c.timeout_s, xdist=xdist)
-    argv += [f"{opt.REPLICA}={out}", f"{opt.WARMUP}={warmup}", f"{opt.REPEATS}={repeats}"]
     argv += [f"{opt.CACHE}={c.cache}"] if c.cache else []    # a fresh process asks the same question
     argv += [opt.GRAPH] if c.graph else []
-    return argv + [f"{opt.MALLOC}={c.malloc}"]       # the fresh process settles it itself, at its own start
+    argv += [f"{opt.MALLOC}={c.malloc}"]       # the fresh process settles it itself, at its own start
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}   # forwarded in argv already
+    env[NAMES_ENV] = json.dumps({nodeid: name})
+    return Replica(nodeid, tuple([*argv, *forwarded]), str(root), env, (opt.REPLICA, opt.WARMUP, opt.REPEATS))

@@ -24,6 +24,7 @@ from bench_core.deciding.rounds import rounds_decision
 from bench_core.deciding.sequential import chase, planned_looks
 from bench_core.deciding.verdicts import FASTER, INCONCLUSIVE, REJECTED, SLOWER, SPEEDUP_MEANS
 from bench_core.output.fitting import wrap
+from bench_core.workflows.outcome import Outcome
 
 
 
@@ -252,9 +253,9 @@ def ab_rounds(make_baseline: Callable[[], Callable[[], Any]], make_candidate: Ca
 
 
 def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[[], Any], *, validation=None,
-           state_hash: str | None = None, rounds: int | None = None, **kwargs) -> ABResult:
-    """An A/B in the session: on its device, after the candidate's correctness result, recorded with the
-    session's decisions (and each side's counted FLOPs, where asked).
+           state_hash: str | None = None, rounds: int | None = None, **kwargs) -> Outcome:
+    """An A/B in the session: on its device, after the candidate's correctness result, as the outcome the
+    session records with its decisions (and each side's counted FLOPs, where asked).
 
     With `rounds`, `baseline` and `candidate` are factories of steps and every round builds both anew
     (`ab_rounds`): the interval then covers what each instance's allocations add.
@@ -273,12 +274,8 @@ def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[
         kwargs.setdefault("warmup", QUICK.ab_warmup)
     if state_hash is None and validation is not None:
         state_hash = validation.state_hash
-    try:
-        res = decide(baseline, candidate, device=session.config.device, correctness=validation, state_hash=state_hash,
-                     environment=session.environment, name=name, **kwargs)
-    except ScenarioError as exc:
-        session.record_error(name, exc.problem)
-        raise
+    res = decide(baseline, candidate, device=session.config.device, correctness=validation, state_hash=state_hash,
+                 environment=session.environment, name=name, **kwargs)
     if session.config.count_flops:  # after the A/B, profiler-free: one more step of each side, counted
         res = replace(res, flops=count_sides(session, name, {"baseline": baseline, "candidate": candidate},
                                              factories=rounds is not None))
@@ -289,5 +286,4 @@ def run_ab(session, name: str, baseline: Callable[[], Any], candidate: Callable[
                 if res.candidate_ms and res.baseline_ms else None)
         res = replace(res, moved=explain_sides(session, name, baseline, candidate, factories=rounds is not None,
                                                step_ms=step))
-    session.record_decision(name, res)
-    return res
+    return Outcome(name, decision=res)

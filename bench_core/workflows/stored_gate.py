@@ -1,7 +1,7 @@
-"""The stored-baseline gate: measure a scenario in this process and, when the session compares with a stored
-baseline, decide it there and then; a possible change (slower or faster) this process cannot decide is measured again in fresh
-processes, look by look, and decided on all the runs (a slow process cannot tell its own state from a
-regression, other processes can)."""
+"""The stored-baseline gate: measure a scenario in this process (`workflows.measured`) and, when the session
+compares with a stored baseline, decide it there and then; a possible change (slower or faster) this process
+cannot decide is measured again in fresh processes (`workflows.replicas`), look by look, and decided on all the
+runs (a slow process cannot tell its own state from a regression, other processes can)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -16,6 +16,9 @@ from bench_core.deciding.gate import baseline_warnings, decide_family, gate_advi
 from bench_core.deciding.sequential import replicate_until_decided
 from bench_core.deciding.signature import latest
 from bench_core.files import storage
+from bench_core.workflows import measured
+from bench_core.workflows.outcome import Outcome
+from bench_core.workflows.replicas import Replica
 from bench_core.workflows.counted_work import (count_op_times, count_signature, count_work, counts_signature,
                                                with_facts)
 
@@ -31,10 +34,10 @@ def load_baseline(config) -> tuple[dict[str, list[Measurement]], Any, list[str]]
     return baseline, prior, notes
 
 
-def run(session, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs) -> tuple[Measurement, Comparison | None]:
-    """Measure (and count the step's work, where asked), gate against the stored baseline, record; then the
-    diagnose pass, after the measurement and never inside it."""
-    first = session.measure(scenario, fn, **kwargs)
+def run(session, scenario: Scenario, fn: Callable[[], Any], replica: Replica | None, **kwargs) -> Outcome:
+    """Measure (and count the step's work, where asked), and gate against the stored baseline, measuring again in
+    fresh processes started as `replica` says where one run cannot decide."""
+    first = measured.measure(session, scenario, fn, **kwargs)
     if session.config.count_flops:  # after the timed window, profiler-free: one more step, counted
         first = count_work(session, first, fn, kwargs.get("setup"))   # before the gate, which compares the counts
     if counts_signature(session, scenario):    # the same: what one step does, counted exactly
@@ -44,14 +47,10 @@ def run(session, scenario: Scenario, fn: Callable[[], Any], replicate, **kwargs)
     if session.config.instructions:
         session.not_counted(scenario.name, "instructions not counted", "they are counted side by side "
                             "(--bench-against), where each side has a process of its own")
-    counts = session.counts(kwargs.get("warmup"), kwargs.get("repeats"))
-    m, c = gate(session, first, None if replicate is None else lambda: replicate(*counts))
-    session.record_result(m)
-    if session.config.profile is not None:
-        from bench_core.workflows.diagnose.passes import diagnose_after
-
-        diagnose_after(session, m, fn, kwargs.get("setup"))
-    return m, c
+    counts = measured.counts(session.config, kwargs.get("warmup"), kwargs.get("repeats"))
+    again = None if replica is None else (lambda: replica.measure(scenario.name, session.environment, *counts,
+                                                                  session.config.timeout_s))
+    return gate(session, first, again)
 
 
 def _explained(c: Comparison, base, runs) -> Comparison:
@@ -69,15 +68,15 @@ def _explained(c: Comparison, base, runs) -> Comparison:
     return replace(c, moved=tuple(explained(theirs, ours, step)))
 
 
-def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = None
-         ) -> tuple[Measurement, Comparison | None]:
-    """Compare one fresh result with the baseline; returns the result to keep and the comparison.
+def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = None) -> Outcome:
+    """Compare one fresh result with the baseline: the result to keep, its comparison and the fresh-process runs
+    it took.
 
     Decided now, before the other scenarios exist, so the family adjustment is Bonferroni over every scenario
     the baseline holds. `replicate()` is one more run in a fresh process.
     """
     if session.baseline is None:
-        return m, None
+        return Outcome(m.name, m)
     config = session.config.gate
     base = session.baseline.get(m.name, ())
     runs = [m]
@@ -106,5 +105,4 @@ def gate(session, m: Measurement, replicate: Callable[[], Measurement] | None = 
     c = replace(c, method=method, reason="; ".join([c.reason, *why_not]))
     c = with_facts(session, c, latest(base), m.signature, m.scenario)   # against the latest baseline run's
     c = _explained(c, base, runs)
-    session.record_comparison(c, replicas=runs[1:])
-    return m, c
+    return Outcome(m.name, m, c, replicas=tuple(runs[1:]))

@@ -7,25 +7,25 @@ import sys
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from bench_core.core.errors import ScenarioError
 from bench_core.core.records import Measurement
 from bench_core.core.scenario import Scenario
-from bench_core.deciding.comparison import Comparison
 from bench_core.timing.counts import QUICK
 from bench_core.workflows.distributed import launch as launcher
 from bench_core.workflows.distributed.launch import Topology, ab_result, builder_location, measurement_from, preflight
+from bench_core.workflows import measured
+from bench_core.workflows.outcome import Outcome
 from bench_core.workflows.stored_gate import gate
 
 
 def run_distributed(session, scenario: Scenario, build: Callable, *, nproc: int = 2,
                     params: Mapping[str, Any] | None = None, items_per_rank: int | None = None,
                     warmup: int | None = None, repeats: int | None = None, validate: bool = True,
-                    scaling: bool = False) -> tuple[Measurement, Comparison | None]:
+                    scaling: bool = False) -> Outcome:
     """Launch the scenario's ranks (`build(ctx) -> RankStep`, a module-level function), measure every rank, and
     gate the maximum over ranks. The command line's topology beats `nproc`. With `scaling`, the same step also
     runs at world size 1, for the weak-scaling efficiency."""
     topology = session.config.topology or Topology(nproc)
-    w, r = session.counts(warmup, repeats)
+    w, r = measured.counts(session.config, warmup, repeats)
     scenario = scenario.with_metadata(device=session.config.device)
     spec = rank_spec(session, scenario.name, build, topology, params, warmup=w, repeats=r, validate=validate)
     launches = iter(range(1, 1000))
@@ -36,34 +36,32 @@ def run_distributed(session, scenario: Scenario, build: Callable, *, nproc: int 
         return measurement_from(scenario, doc, device=session.config.device, warmup=w, repeats=r,
                                 items_per_rank=items_per_rank, environment=session.environment)
 
-    try:
-        m = launch(topology, validate)
-        if scaling and topology.world_size > 1 and topology.nnodes == 1 and not session.config.quick:   # a launch more
-            one = launch(Topology(1), False)
-            m = replace(m, ranks=replace(m.ranks, one_rank_ms=one.primary_ms))
-        m, c = gate(session, m, lambda: launch(topology, False))
-    except ScenarioError as exc:
-        session.record_error(scenario.name, exc.problem)
-        raise
-    session.record_result(m)
+    m = launch(topology, validate)
+    if scaling and topology.world_size > 1 and topology.nnodes == 1 and not session.config.quick:   # a launch more
+        one = launch(Topology(1), False)
+        m = replace(m, ranks=replace(m.ranks, one_rank_ms=one.primary_ms))
     if session.config.count_flops:
         session.not_counted(scenario.name, "FLOPs not counted", "distributed scenarios are not counted yet")
-    if session.config.profile is not None:   # after the measurement, in a launch of its own
-        from bench_core.workflows.diagnose.passes import profile_distributed
+    return gate(session, m, lambda: launch(topology, False))
 
-        profile_distributed(session, scenario.name, {**spec, "validate": False}, topology)
-    return m, c
+
+def diagnose_distributed(session, scenario: Scenario, build: Callable, *, nproc: int = 2,
+                         params: Mapping[str, Any] | None = None, warmup: int | None = None,
+                         repeats: int | None = None, **_measured) -> None:
+    """The diagnose pass of a measured distributed scenario: a launch of its own, one trace per rank."""
+    from bench_core.workflows.diagnose.passes import profile_distributed
+
+    topology = session.config.topology or Topology(nproc)
+    w, r = measured.counts(session.config, warmup, repeats)
+    spec = rank_spec(session, scenario.name, build, topology, params, warmup=w, repeats=r, validate=False)
+    profile_distributed(session, scenario.name, spec, topology)
 
 
 def rank_spec(session, name: str, build: Callable, topology, params: Mapping[str, Any] | None, **mode) -> dict:
     """What every rank is told: where the builder is, this session's device and settings, and the mode's
     counts; checked before any process starts (a failure is recorded against `name`)."""
-    try:
-        backend = preflight(name, topology, session.config.device)
-        file, function = builder_location(name, build)
-    except ScenarioError as exc:
-        session.record_error(name, exc.problem)
-        raise
+    backend = preflight(name, topology, session.config.device)
+    file, function = builder_location(name, build)
     return {"scenario": name, "builder_file": file, "builder": function,
             # this process's import path: a builder imports what the benchmark file imports
             "import_roots": [p for p in sys.path if p], "params": dict(params or {}),
@@ -87,11 +85,7 @@ def ab_distributed(session, name: str, build: Callable, baseline: Mapping[str, A
         rounds, pairs, warmup = QUICK.rounds, QUICK.pairs, 0
     spec = rank_spec(session, name, build, topology, params, warmup=warmup, rounds=rounds, pairs=pairs,
                      ab={"baseline": dict(baseline), "candidate": dict(candidate)})
-    try:
-        doc = launcher.run_ranks(name, spec, topology, session.config.timeout_s)
-    except ScenarioError as exc:
-        session.record_error(name, exc.problem)
-        raise
+    doc = launcher.run_ranks(name, spec, topology, session.config.timeout_s)
     code = source_identity(build)
     res = ab_result(doc, alpha=alpha, min_effect=min_effect, environment=session.environment,
                     params={"device": session.config.device, "rounds": rounds, "pairs": pairs, "warmup": warmup,
@@ -99,5 +93,4 @@ def ab_distributed(session, name: str, build: Callable, baseline: Mapping[str, A
                             "order": "random per pair; both sides built anew every round, in the same ranks"},
                     identities={"baseline": {**code, "params": dict(baseline)},
                                 "candidate": {**code, "params": dict(candidate)}})
-    session.record_decision(name, res)
-    return res
+    return Outcome(name, decision=res)

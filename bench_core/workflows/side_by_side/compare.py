@@ -24,6 +24,8 @@ from bench_core.timing.counts import QUICK
 from bench_core.timing.protocol import (PAIRS_MAX, ROUND_PAIRS_MS, ROUND_WARM_MS, SideError, on_side, run_processes,
                                         run_rounds, run_served, with_pair)
 from bench_core.timing.sampling import Sampler, set_threads
+from bench_core.workflows import measured
+from bench_core.workflows.outcome import Outcome
 from bench_core.workflows.side_by_side.fidelity import kept_note
 
 
@@ -161,9 +163,9 @@ def close_revision(session) -> None:
 
 def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any], rev_build: Callable[[int], Any],
                 *, items: int | None = None, proof: Mapping[str, Any] | None = None, clock=None,
-                backend=None, servers: Callable[[], Mapping] | None = None) -> tuple[Measurement, Comparison | None]:
+                backend=None, servers: Callable[[], Mapping] | None = None) -> Outcome:
     """Measure the current code (`live`, then `rebuild(round)`) and the revision's (`rev_build(round)`)
-    side by side in this process; returns the current side's result and the decision. The revision
+    side by side in this process; the outcome holds the current side's result and the decision. The revision
     failing leaves the current side measured on its own, with the reason kept; the current side failing
     fails the scenario. `servers()`: each side's server, for what only a process of its own can count (host
     instructions)."""
@@ -202,8 +204,7 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
 
 
 def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str, tuple[Mapping, Mapping]], *,
-                          items: int | None = None, proof: Mapping[str, Any] | None = None
-                          ) -> tuple[Measurement, Comparison | None]:
+                          items: int | None = None, proof: Mapping[str, Any] | None = None) -> Outcome:
     """The same with each side in pytest processes of its own (`sides[side]`: its servers' init and the test item
     they serve, see `workflows.worker`). Where the servers can fork, every round runs the test item afresh in a
     freshly forked child, with a heap laid out afresh, from a server that never ran the step (so every child starts
@@ -415,18 +416,18 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
     rev = f"{a.label} ({commit[:12] if commit else 'no commit'})"
     thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
     judge = Judge(scenario, dev, thr, replace(session.config.gate, threshold=thr), session.family_size, tuple(looks))
+    failed = None
     try:
         with session.limited(scenario):
             res = sides(judge)
     except SideError as exc:
         if exc.side == "candidate":
-            session.record_error(scenario.name, exc.problem)
             raise ScenarioError(scenario.name, exc.problem) from exc
-        session.not_compared(scenario.name, f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}")
-        res = None
+        failed, res = f"not compared: {rev} failed: {exc.problem.split(': ', 1)[1]}", None
     if res is None or current_here:
         with session.limited(scenario):
-            m = session.measure(scenario, live.fn, setup=live.setup, items=items, clock=clock, backend=backend)
+            m = measured.measure(session, scenario, live.fn, setup=live.setup, items=items, clock=clock,
+                                 backend=backend)
     else:
         m = _current_side(session, scenario, live, res, items, threads, cold)
     counted = None
@@ -440,9 +441,8 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
             if session.config.instructions:
                 counted = _with_instructions(session, scenario.name, counted, instructions)
             m = replace(m, signature=counted[1]) if counted[1] is not None else m
-    session.record_result(m)
     if res is None:
-        return m, None
+        return Outcome(m.name, m).alone(failed)
     c = judge(res, m.timer)
     c = replace(c, method=f"side by side with {rev}: {method}")   # the rounds each scenario ran: its row
     kept = kept_note({side: [k for r in reports for k in r.get("kept", [])]
@@ -460,8 +460,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
                 c = replace(c, moved=tuple(explained(*passes, step_ms=step)))
         except Exception as exc:  # noqa: BLE001 - the verdict stands; the explanation says why it is missing
             session.not_counted(scenario.name, "no profiler pass", f"{type(exc).__name__}: {exc}")
-    session.record_side_by_side(c, res.to_dict(), proof)
-    return m, c
+    return Outcome.side_by_side_of(m, c, res.to_dict(), proof)
 
 
 def _with_instructions(session, name, counted, instructions):

@@ -16,12 +16,13 @@ import numpy as np
 from bench_core.core.errors import ScenarioError
 from bench_core.core.records import Measurement
 from bench_core.core.scenario import Scenario
-from bench_core.deciding.comparison import Comparison
 from bench_core.timing.protocol import Rounds
 from bench_core.timing.sampling import Sample
 from bench_core.workflows.distributed import launch as launcher
 from bench_core.workflows.distributed.launch import Topology, measurement_from
-from bench_core.workflows.distributed.scenario import rank_spec, run_distributed
+from bench_core.workflows import measured
+from bench_core.workflows.distributed.scenario import diagnose_distributed, rank_spec, run_distributed
+from bench_core.workflows.outcome import Outcome
 from bench_core.workflows.side_by_side.compare import Judge, check_processes
 
 SIDES_ORDER = (("baseline", "candidate"), ("candidate", "baseline"))   # alternated round by round
@@ -60,12 +61,12 @@ def _sides(loaded, spec: Mapping[str, Any], theirs: Path, python: str | None) ->
 def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: int = 2,
                         params: Mapping[str, Any] | None = None, items_per_rank: int | None = None,
                         warmup: int | None = None, repeats: int | None = None, validate: bool = True,
-                        scaling: bool = False) -> tuple[Measurement, Comparison | None]:
+                        scaling: bool = False) -> Outcome:
     """The scenario measured on both sides (see the module), decided; the current side's result is its first
     launch (validated, as a plain run's), with every rank kept."""
     loaded, a, name = session.revision, session.config.against, scenario.name
     topology = session.config.topology or Topology(nproc)
-    w, r = session.counts(warmup, repeats)
+    w, r = measured.counts(session.config, warmup, repeats)
     scenario = scenario.with_metadata(device=session.config.device)
     spec = rank_spec(session, name, build, topology, params, warmup=w, repeats=r, validate=False)
     mine = Path(spec["builder_file"])
@@ -73,10 +74,13 @@ def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: 
     # a builder outside the repository (an installed package's) is the same file on both sides
     theirs = loaded.counterpart(mine) if mine.is_relative_to(loaded.current_root) else mine
     if not theirs.exists():
-        session.not_compared(name, f"measured on the current tree only: {theirs.relative_to(loaded.root)} does not "
-                                   f"exist in {label}", new=True)
-        return run_distributed(session, scenario, build, nproc=nproc, params=params, items_per_rank=items_per_rank,
-                               warmup=warmup, repeats=repeats, validate=validate, scaling=scaling)
+        alone = dict(nproc=nproc, params=params, items_per_rank=items_per_rank, warmup=warmup, repeats=repeats,
+                     validate=validate, scaling=scaling)
+        o = run_distributed(session, scenario, build, **alone)
+        if session.config.profile is not None:
+            diagnose_distributed(session, scenario, build, **alone)
+        return o.alone(f"measured on the current tree only: {theirs.relative_to(loaded.root)} does not exist in "
+                       f"{label}", new=True)
     for asked, what in ((scaling, "the one-rank scaling figure"), (session.config.count_flops, "FLOPs"),
                         (session.config.profile is not None, "the diagnose pass")):
         if asked:
@@ -97,33 +101,27 @@ def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: 
         return measurement_from(scenario, doc, device=session.config.device, warmup=w, repeats=r,
                                 items_per_rank=items_per_rank, environment=session.environment)
 
-    try:
-        for k in range(rounds):
-            for side in SIDES_ORDER[k % 2]:
-                try:
-                    m = launch(side)
-                except ScenarioError as exc:
-                    if side == "candidate":
-                        raise
-                    session.not_compared(name, f"not compared: {label} failed in round {k + 1} of {rounds}: "
-                                               f"{exc.problem}")
-                    return run_distributed(session, scenario, build, nproc=nproc, params=params,
-                                           items_per_rank=items_per_rank, warmup=warmup, repeats=repeats,
-                                           validate=validate, scaling=scaling)
-                first.setdefault(side, m)
-                # a launch is one draw of its processes' biases: its median is the round's figure for its side
-                # (pairing the two launches' samples one by one would pair nothing that ran together)
-                samples[side].append((Sample(float(np.median(m.host_ms)),
-                                             None if m.gpu_ms is None else float(np.median(m.gpu_ms))),))
-                cold[side].append(Sample(m.cold_start.first_call_ms, m.cold_start.first_call_gpu_ms))
-        check_processes(name, ran, loaded)
-    except ScenarioError as exc:
-        session.record_error(name, exc.problem)
-        raise
+    for k in range(rounds):
+        for side in SIDES_ORDER[k % 2]:
+            try:
+                m = launch(side)
+            except ScenarioError as exc:
+                if side == "candidate":
+                    raise
+                return run_distributed(session, scenario, build, nproc=nproc, params=params,
+                                       items_per_rank=items_per_rank, warmup=warmup, repeats=repeats,
+                                       validate=validate, scaling=scaling).alone(
+                    f"not compared: {label} failed in round {k + 1} of {rounds}: {exc.problem}")
+            first.setdefault(side, m)
+            # a launch is one draw of its processes' biases: its median is the round's figure for its side
+            # (pairing the two launches' samples one by one would pair nothing that ran together)
+            samples[side].append((Sample(float(np.median(m.host_ms)),
+                                         None if m.gpu_ms is None else float(np.median(m.gpu_ms))),))
+            cold[side].append(Sample(m.cold_start.first_call_ms, m.cold_start.first_call_gpu_ms))
+    check_processes(name, ran, loaded)
     res = Rounds(baseline=tuple(samples["baseline"]), candidate=tuple(samples["candidate"]),
                  cold={side: tuple(v) for side, v in cold.items()}, seed=a.seed)
     m = first["candidate"]
-    session.record_result(m)
     thr = scenario.noise_threshold if scenario.noise_threshold is not None else a.threshold
     judge = Judge(scenario, session.config.device, thr, replace(session.config.gate, threshold=thr),
                   session.family_size, (rounds,))
@@ -132,6 +130,6 @@ def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: 
         f"side by side with {a.label} ({commit[:12] if commit else 'no commit'}): {rounds} rounds, each side's "
         f"{topology.world_size} rank(s) launched afresh from its own tree every round, the order alternating; the "
         f"slowest rank per step"))
-    session.record_side_by_side(c, res.to_dict(), {"why_processes": "a distributed scenario: each side's ranks are "
-                                                                    "processes of their own", "processes_ran": ran})
-    return m, c
+    return Outcome.side_by_side_of(m, c, res.to_dict(), {"why_processes": "a distributed scenario: each side's ranks "
+                                                                          "are processes of their own",
+                                                          "processes_ran": ran})
