@@ -1,6 +1,6 @@
 """*Rounds* of alternated pairs, the timing sequence of two versions of a scenario side by side: rounds of fresh
 instances, in one process, in side servers' forked children, or in ranks behind a barrier (a single step's
-sequence, the series, is `timing.series`).
+sequence, the series, is `timing.measuring`).
 
 Where timing noise lives on a shared machine (docs/measurements.md): the level of a whole run drifts, so the
 two sides alternate sample by sample, in mirrored pairs that start on a seeded random side, and each pair's

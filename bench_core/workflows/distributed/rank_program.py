@@ -284,9 +284,9 @@ def _ms(samples, on_gpu: bool) -> dict:
 
 
 def measure_rank(me: _Rank) -> dict:
-    """The series (`timing.series.series`, behind the rank's barrier, the local step beside where given),
+    """The series (`timing.measuring.series`, behind the rank's barrier, the local step beside where given),
     then the replica check and the reference."""
-    from bench_core.timing.series import Beside, series
+    from bench_core.timing.measuring import Beside, series
 
     spec, status = me.spec, me.status
     status("build")
