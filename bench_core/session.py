@@ -7,7 +7,7 @@ What a session may be asked, and where it goes:
 |---|---|
 | `run` a scenario (measured here; gated when there is a stored baseline) | `workflows.stored_gate` |
 | `run_against` / `run_against_processes` (side by side with a revision) | `workflows.side_by_side.compare` |
-| `run_distributed`, `ab_distributed` | `workflows.distributed.scenario` |
+| `run_distributed`, `ab_distributed` | `workflows.distributed.launched` |
 | `ab` (A/B of two callables, or of two factories of steps) | `workflows.ab` |
 | `reference` (correctness across commits) | `workflows.validation.correctness` |
 | `summary_sections`, `finish` (what people read, what is written) | `output.summary`, `output.reporters` |
@@ -30,7 +30,7 @@ from bench_core.files import storage
 from bench_core.output import reporters, summary
 from bench_core.timing.sampling import time_limit
 from bench_core.workflows import ab as ab_workflow, stored_gate
-from bench_core.workflows.distributed import scenario as distributed
+from bench_core.workflows.distributed import launched as distributed
 from bench_core.workflows.outcome import NotCounted, Outcome, SideBySide
 from bench_core.workflows.replicas import Replica
 from bench_core.workflows.side_by_side import compare as side_by_side
@@ -286,15 +286,17 @@ class BenchSession(Ledger):
         """Measure, gate, record; then the diagnose pass, after the measurement and never inside it; all within the
         time limit. `replica`: how to measure the scenario once more in a fresh process, for a possible change the
         gate cannot decide on one run."""
-        return self._here(scenario, fn, replica, None, False, kwargs)
+        return self._here(scenario, fn, kwargs, replica=replica)
 
     def run_alone(self, scenario: Scenario, fn: Callable[[], Any], why: str, *, new: bool = False,
                   **kwargs) -> tuple[Measurement, Comparison | None]:
         """Side by side, a scenario the revision cannot run: measured here only, as `run` measures, and said not
         compared (`new`: the revision never had it)."""
-        return self._here(scenario, fn, None, why, new, kwargs)
+        return self._here(scenario, fn, kwargs, why=why, new=new)
 
-    def _here(self, scenario, fn, replica, why, new, kwargs) -> tuple[Measurement, Comparison | None]:
+    def _here(self, scenario: Scenario, fn: Callable[[], Any], kwargs: Mapping[str, Any], *,
+              replica: Replica | None = None, why: str | None = None, new: bool = False
+              ) -> tuple[Measurement, Comparison | None]:
         with self._named(scenario.name), self.limited(scenario):
             o = stored_gate.run(self, scenario, fn, replica, **kwargs)
             self.record(o if why is None else o.alone(why, new))
@@ -321,9 +323,9 @@ class BenchSession(Ledger):
             o = self._recorded(scenario.name, lambda: against_distributed(self, scenario, build, **kwargs))
         else:
             o = self._recorded(scenario.name, lambda: distributed.run_distributed(self, scenario, build, **kwargs))
-            if self.config.profile is not None:   # after the measurement, in a launch of its own
-                with self._named(scenario.name):
-                    distributed.diagnose_distributed(self, scenario, build, **kwargs)
+        if self.config.profile is not None and o.side_by_side is None:   # measured as a plain run: its pass too
+            with self._named(scenario.name):   # after the measurement, in a launch of its own
+                distributed.diagnose_distributed(self, scenario, build, **kwargs)
         return o.result, o.comparison
 
     def ab_distributed(self, name: str, build: Callable, baseline: Mapping[str, Any], candidate: Mapping[str, Any],

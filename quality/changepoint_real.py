@@ -51,7 +51,7 @@ def test_{kind}(bench):
 
 def history(root: Path, kind: str, runs: int, at: int, step: float, index: int) -> dict:
     from bench_core.files.history import History
-    from bench_core.workflows.history import scenario_history
+    from bench_core.workflows.scenario_history import scenario_history
 
     folder = root / f"{kind}-{index}"
     (folder / "benchmarks").mkdir(parents=True)

@@ -35,7 +35,7 @@ def facts_of(root: Path, out: Path, rev: str) -> dict[str, list[str]]:
 def cost() -> list[str]:
     import torch
 
-    from bench_core.timing.signature import record
+    from bench_core.timing.signature_count import record
 
     torch.set_num_threads(1)
     ns: dict = {}

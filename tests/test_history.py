@@ -149,7 +149,7 @@ def test_where_a_change_began_is_a_range_of_runs_that_holds_the_true_one_and_bis
     often (docs/history.md has the rates). The history names the range's commits and the bisection that decides
     them."""
     from bench_core.shells.cli import main
-    from bench_core.workflows.history import changes_in
+    from bench_core.workflows.scenario_history import changes_in
 
     rng = np.random.default_rng(11)
     medians = []
@@ -178,7 +178,7 @@ def test_where_a_change_began_is_a_range_of_runs_that_holds_the_true_one_and_bis
     assert p.first_low < p.index + 1 and p.first_low < p.first_high      # this seeded history: a range of runs
     assert f"bench-core bisect {change.last_before.commit[:12]} {change.first_after.commit[:12]} -k step" in out
     from bench_core.output.html import history_svg
-    from bench_core.workflows.history import scenario_history
+    from bench_core.workflows.scenario_history import scenario_history
 
     with History(path) as h:
         (mh,) = scenario_history(h, "step")

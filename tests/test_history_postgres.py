@@ -133,7 +133,7 @@ def _stepped(tmp_path, pg_url):
 
 def test_history_show_list_export_and_the_page_are_the_same_and_find_the_same_change_points(tmp_path, pg_url, capsys):
     from bench_core.shells.cli import main
-    from bench_core.workflows.history import report_page, scenario_history
+    from bench_core.workflows.scenario_history import report_page, scenario_history
 
     path = _stepped(tmp_path, pg_url)
     printed = {}

@@ -320,7 +320,7 @@ def test_distributed_ranks_are_told_the_sessions_malloc_policy():
 
     from bench_core.session import SessionConfig
     from bench_core.workflows.distributed.launch import Topology
-    from bench_core.workflows.distributed.scenario import rank_spec
+    from bench_core.workflows.distributed.launched import rank_spec
 
     for recorded, pinned in (("pinned", True), ("as-is", False)):
         session = SimpleNamespace(config=SessionConfig(results_dir=None), environment={"malloc": recorded}, errors=[])

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from bench_core.core.signature import Signature
-from bench_core.deciding.signature import differences, grown
-from bench_core.timing.signature import record
+from bench_core.deciding.signature_diff import differences, grown
+from bench_core.timing.signature_count import record
 
 A = torch.randn(64, 64)
 BIG = torch.randn(512, 512)     # 1 MB of float32
@@ -317,7 +317,7 @@ def fresh_process_imports():
     import sys
 
     code = ("import sys, torch\n"
-            "from bench_core.timing.signature import record\n"
+            "from bench_core.timing.signature_count import record\n"
             "from bench_core.workflows.diagnose.moved import op_times\n"
             "a = torch.ones(8, 8)\n"
             "def step():\n"
@@ -435,7 +435,7 @@ def test_one_steps_instructions_are_read_from_the_dump_callgrind_writes(tmp_path
     import os
 
     import torch
-    from bench_core.timing.signature import instructions
+    from bench_core.timing.signature_count import instructions
 
     calls = []
 

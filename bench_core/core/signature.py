@@ -1,7 +1,7 @@
 """A step's work signature, the record: the aten operators one step dispatches, by name and count; its host reads
 of computed values (each a synchronization on a GPU); its copies by direction, with their bytes; the tensors it
 allocates, with their bytes; under `torch.compile`, its graphs, graph breaks (by reason) and recompilations per call.
-Counted by `timing.signature.record`, compared by `deciding.signature`.
+Counted by `timing.signature_count.record`, compared by `deciding.signature_diff`.
 
 A signature is a fact about the code, not a sample: two calls of the same code on the same inputs give the same
 one, whatever the machine's load. Version 1; the history is in docs/formats.md.

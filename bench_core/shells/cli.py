@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench_core.deciding.comparison import tally
 from bench_core.deciding.gate import compare_sets, gate_advice
-from bench_core.deciding.signature import attach, latest
+from bench_core.deciding.signature_diff import attach, latest
 from bench_core.deciding.verdicts import INCONCLUSIVE, NEW
 from bench_core.core.errors import BenchError
 from bench_core.output.comparison_tables import comparison_table
@@ -154,7 +154,7 @@ def cmd_history(ns) -> int:
     from bench_core.files.history import History, export
     from bench_core.files.history_db import shown, target
     from bench_core.output.tables import history_table
-    from bench_core.workflows.history import scenario_history
+    from bench_core.workflows.scenario_history import scenario_history
 
     try:
         with History(target(ns.bench_history), create=ns.action == "import") as h:
@@ -187,7 +187,7 @@ def cmd_history(ns) -> int:
 def cmd_report(ns) -> int:
     from bench_core.files.history import History
     from bench_core.files.history_db import target
-    from bench_core.workflows.history import commit_url, report_page
+    from bench_core.workflows.scenario_history import commit_url, report_page
 
     out = Path(ns.html) / "index.html"
     where = target(ns.bench_history)

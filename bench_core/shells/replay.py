@@ -15,6 +15,7 @@ from bench_core.core.errors import ScenarioError
 from bench_core.core.scenario import thaw
 from bench_core.shells import options as opt
 from bench_core.workflows import measured
+from bench_core.workflows.replicas import Replica
 from bench_core.workflows.side_by_side.capture import capture, instance_from
 
 
@@ -270,8 +271,6 @@ def replica_for(c, nodeid: str, name: str, root: Path, inipath, *, xdist: bool =
     parameters and conftest files (and the session's own conftest options, `forwarded`: a model size, a compiler),
     measuring only, with this session's device, threads, GPU modes and malloc, its scenario named `name` whatever
     it collects (`workflows.replicas` runs it, adding the counts)."""
-    from bench_core.workflows.replicas import Replica
-
     argv = pytest_child(sys.executable, nodeid, root, inipath, device=c.device, quick=c.quick, threads=c.threads,
                         timeout_s=c.timeout_s, xdist=xdist)
     argv += [f"{opt.CACHE}={c.cache}"] if c.cache else []    # a fresh process asks the same question

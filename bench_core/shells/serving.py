@@ -158,7 +158,7 @@ def serve(session, request, sizing, scenario, fn, kwargs):
         fn()
 
     def count():   # one step of this side, counted exactly, for the parent to compare with the other side's
-        from bench_core.timing.signature import instructions, record
+        from bench_core.timing.signature_count import instructions, record
 
         what, counter = (("instructions", lambda: instructions(fn, setup, state.instructions)) if state.instructions
                          else ("signature", lambda: record(fn, setup).to_dict()))

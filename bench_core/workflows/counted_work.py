@@ -72,7 +72,7 @@ def count_op_times(session, m: Measurement, fn: Callable[[], Any], setup: Callab
 
 
 def signature_of(session, name: str, fn: Callable[[], Any], setup: Callable[[], Any] | None, side: str = ""):
-    from bench_core.timing.signature import record
+    from bench_core.timing.signature_count import record
 
     try:
         return record(fn, setup)
@@ -91,7 +91,7 @@ def with_facts(session, c, base, cand, scenario=None):
     """The comparison with how the two work signatures differ (facts, exactly), and the counters that must not
     grow and did (`--bench-no-growth` and the scenario's own `no_growth`: the item fails); unchanged where either
     side was not counted, and where counters must not grow, the session says they were not checked."""
-    from bench_core.deciding.signature import attach
+    from bench_core.deciding.signature_diff import attach
 
     no_growth = tuple(dict.fromkeys(session.config.no_growth + (scenario.no_growth if scenario else ())))
     if c is not None and no_growth and (base is None or cand is None):
@@ -104,8 +104,8 @@ def with_facts(session, c, base, cand, scenario=None):
 def signature_facts(session, name: str, baseline, candidate, factories: bool) -> tuple[str, ...]:
     """An A/B's two work signatures compared exactly (`factories`: each side is a factory of steps, built first);
     empty where a side could not be counted, which the session says."""
-    from bench_core.deciding.signature import differences
-    from bench_core.timing.signature import record
+    from bench_core.deciding.signature_diff import differences
+    from bench_core.timing.signature_count import record
 
     sigs = each_side(session, name, {"baseline": baseline, "candidate": candidate}, factories, record,
                       "work signature")

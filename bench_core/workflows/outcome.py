@@ -2,7 +2,7 @@
 (`session.Ledger.record`), the one way a measurement, a decision or a side-by-side record reaches the reports."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from bench_core.core.records import Measurement
@@ -68,6 +68,4 @@ class Outcome:
 
     def alone(self, why: str, new: bool = False) -> "Outcome":
         """This outcome of a scenario measured on one side only, saying why it was not compared."""
-        from dataclasses import replace
-
         return replace(self, not_compared=why, new=new)

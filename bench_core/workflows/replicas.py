@@ -6,7 +6,7 @@ to its end under a limit, and what it wrote is read through the replica file's o
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -23,7 +23,7 @@ class Replica:
     nodeid: str
     argv: tuple[str, ...]
     cwd: str
-    env: Mapping[str, str]
+    env: Mapping[str, str] = field(repr=False)
     flags: tuple[str, str, str]
 
     def __post_init__(self):
@@ -34,25 +34,19 @@ class Replica:
         out_flag, warmup_flag, repeats_flag = self.flags
         return [*self.argv, f"{out_flag}={out}", f"{warmup_flag}={warmup}", f"{repeats_flag}={repeats}"]
 
-
     def measure(self, name: str, environment: Mapping, warmup: int, repeats: int,
                 timeout_s: float | None) -> Measurement:
         """Scenario `name` measured once more in a fresh process, with these counts; a process that runs past the
         scenario's limit (and its start-up), or that did not measure the scenario, is its ScenarioError."""
-        return _run(self, name, environment, warmup, repeats, timeout_s)
-
-
-def _run(replica: Replica, name: str, environment: Mapping, warmup: int, repeats: int,
-         timeout_s: float | None) -> Measurement:
-    limit = (timeout_s or children.LIMIT_S) + children.STARTUP_S
-    with tempfile.TemporaryDirectory(prefix="bench_core-replica-") as tmp:
-        out, log_path = Path(tmp) / "replica.json", Path(tmp) / "pytest.log"
-        ran = children.run_logged(replica.command(out, warmup, repeats), log_path, limit, tail_lines=3,
-                                  cwd=replica.cwd, env=dict(replica.env))
-        if ran.code is None:
-            raise ScenarioError(name, f"the fresh process ran past {limit:g} s and was ended: {ran.tail}")
-        m = storage.read_replica(out, name, environment) if out.exists() else None
-        if m is None:
-            raise ScenarioError(name, f"the fresh process (pytest {replica.nodeid}, exit {ran.code}) did not "
-                                      f"measure this scenario: {ran.tail}")
-        return m
+        limit = (timeout_s or children.LIMIT_S) + children.STARTUP_S
+        with tempfile.TemporaryDirectory(prefix="bench_core-replica-") as tmp:
+            out, log_path = Path(tmp) / "replica.json", Path(tmp) / "pytest.log"
+            ran = children.run_logged(self.command(out, warmup, repeats), log_path, limit, tail_lines=3,
+                                      cwd=self.cwd, env=dict(self.env))
+            if ran.code is None:
+                raise ScenarioError(name, f"the fresh process ran past {limit:g} s and was ended: {ran.tail}")
+            m = storage.read_replica(out, name, environment) if out.exists() else None
+            if m is None:
+                raise ScenarioError(name, f"the fresh process (pytest {self.nodeid}, exit {ran.code}) did not "
+                                          f"measure this scenario: {ran.tail}")
+            return m

@@ -14,7 +14,7 @@ from bench_core.deciding.comparison import Comparison
 from bench_core.deciding.estimate import estimate, noise_prior
 from bench_core.deciding.gate import baseline_warnings, decide_family, gate_advice
 from bench_core.deciding.sequential import replicate_until_decided
-from bench_core.deciding.signature import latest
+from bench_core.deciding.signature_diff import latest
 from bench_core.files import storage
 from bench_core.workflows import measured
 from bench_core.workflows.outcome import Outcome

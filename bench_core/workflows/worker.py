@@ -239,7 +239,7 @@ class Worker:
 
 def callgrind_argv(argv: list[str], folder: str) -> list[str]:
     """A server's command under valgrind's callgrind, collecting nothing until the step toggles it on
-    (`timing.signature.instructions`), its output files in `folder`."""
+    (`timing.signature_count.instructions`), its output files in `folder`."""
     return ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={folder}/cg.%p.out",
             *argv]
 

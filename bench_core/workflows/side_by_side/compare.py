@@ -89,7 +89,7 @@ class AgainstConfig:
         return planned_looks(self.rounds, self.max_rounds, self.rounds)
 
 
-def _held_said(threads: int | None) -> str:
+def _cpus_held_text(threads: int | None) -> str:
     import random
 
     from bench_core.timing.sampling import shared_cpus
@@ -98,11 +98,11 @@ def _held_said(threads: int | None) -> str:
             if shared_cpus(random.Random(0), threads) is not None else "")
 
 
-def _malloc_said(pinned: bool) -> str:
+def _malloc_text(pinned: bool) -> str:
     return ", glibc malloc thresholds pinned" if pinned else ""
 
 
-def _pairs_said(pairs: int, a: AgainstConfig) -> str:
+def _pairs_text(pairs: int, a: AgainstConfig) -> str:
     more = f" (more, up to {PAIRS_MAX}, where {pairs} would take under {a.pairs_ms:g} ms)" if a.pairs_ms > 0 else ""
     return f"{pairs} pairs{more}"
 
@@ -195,8 +195,8 @@ def run_against(session, scenario: Scenario, live, rebuild: Callable[[int], Any]
                           extend_to=looks[1:], go_on=judge.go_on, pairs_ms=a.pairs_ms)
     how = (f"{looks[0]} rounds" if len(looks) == 1 else
            f"{looks[0]} rounds, {looks[-1]} at most for a possible change (looks at {', '.join(map(str, looks))})")
-    method = f"{how} x {_pairs_said(pairs, a)}, fresh instances every round, one process" + \
-        _malloc_said(session.environment.get("malloc") == "pinned")
+    method = f"{how} x {_pairs_text(pairs, a)}, fresh instances every round, one process" + \
+        _malloc_text(session.environment.get("malloc") == "pinned")
     return _side_by_side(session, scenario, live, sides, method, items, proof, clock, backend, looks,
                          signatures=signatures, explain=explain,
                          instructions=None if servers is None else lambda: count_instructions(session, scenario.name,
@@ -219,7 +219,7 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
     pool = worker_pool(session)
     proof = dict(proof or {})
     ran = proof["processes_ran"] = {side: [] for side in sides}    # each server's own word on what it loaded
-    malloc = _malloc_said(session.config.malloc == "pinned")
+    malloc = _malloc_text(session.config.malloc == "pinned")
     sampler = Sampler(scenario.name, CpuBackend())
     spawn = {side: (lambda j, side=side: pool.get(side, j, *sides[side])) for side in sides}
     release = _release_to(pool, lambda side, report: ran[side].append(report))
@@ -247,10 +247,10 @@ def run_against_processes(session, scenario: Scenario, live, sides: Mapping[str,
             return res
         how = (f"{looks[0]} rounds" if len(looks) == 1 else
                f"{looks[0]} rounds, {looks[-1]} at most for a possible change")
-        return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_said(pairs, a)}, each side a pytest "
+        return _side_by_side(session, scenario, live, run, f"{how} x {_pairs_text(pairs, a)}, each side a pytest "
                                                            f"process of its own, every round the test run afresh in "
                                                            f"a freshly forked child"
-                                                           f"{_held_said(session.config.threads)}{malloc}",
+                                                           f"{_cpus_held_text(session.config.threads)}{malloc}",
                              items, proof, None, None, looks, cold=cold,
                              signatures=lambda: _served_signatures(session, scenario.name, ran),
                              explain=lambda: tuple(profiled) if profiled else None,
@@ -442,7 +442,7 @@ def _side_by_side(session, scenario, live, sides, method, items, proof, clock, b
                 counted = _with_instructions(session, scenario.name, counted, instructions)
             m = replace(m, signature=counted[1]) if counted[1] is not None else m
     if res is None:
-        return Outcome(m.name, m).alone(failed)
+        return Outcome(m.name, m, not_compared=failed)
     c = judge(res, m.timer)
     c = replace(c, method=f"side by side with {rev}: {method}")   # the rounds each scenario ran: its row
     kept = kept_note({side: [k for r in reports for k in r.get("kept", [])]

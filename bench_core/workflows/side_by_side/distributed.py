@@ -21,7 +21,7 @@ from bench_core.timing.sampling import Sample
 from bench_core.workflows.distributed import launch as launcher
 from bench_core.workflows.distributed.launch import Topology, measurement_from
 from bench_core.workflows import measured
-from bench_core.workflows.distributed.scenario import diagnose_distributed, rank_spec, run_distributed
+from bench_core.workflows.distributed.launched import rank_spec, run_distributed
 from bench_core.workflows.outcome import Outcome
 from bench_core.workflows.side_by_side.compare import Judge, check_processes
 
@@ -74,13 +74,9 @@ def against_distributed(session, scenario: Scenario, build: Callable, *, nproc: 
     # a builder outside the repository (an installed package's) is the same file on both sides
     theirs = loaded.counterpart(mine) if mine.is_relative_to(loaded.current_root) else mine
     if not theirs.exists():
-        alone = dict(nproc=nproc, params=params, items_per_rank=items_per_rank, warmup=warmup, repeats=repeats,
-                     validate=validate, scaling=scaling)
-        o = run_distributed(session, scenario, build, **alone)
-        if session.config.profile is not None:
-            diagnose_distributed(session, scenario, build, **alone)
-        return o.alone(f"measured on the current tree only: {theirs.relative_to(loaded.root)} does not exist in "
-                       f"{label}", new=True)
+        return run_distributed(session, scenario, build, nproc=nproc, params=params, items_per_rank=items_per_rank,
+                               warmup=warmup, repeats=repeats, validate=validate, scaling=scaling).alone(
+            f"measured on the current tree only: {theirs.relative_to(loaded.root)} does not exist in {label}", new=True)
     for asked, what in ((scaling, "the one-rank scaling figure"), (session.config.count_flops, "FLOPs"),
                         (session.config.profile is not None, "the diagnose pass")):
         if asked:

@@ -11,7 +11,8 @@ from bench_core.core.records import Measurement
 from bench_core.core.scenario import Scenario
 from bench_core.timing.counts import QUICK
 from bench_core.workflows.distributed import launch as launcher
-from bench_core.workflows.distributed.launch import Topology, ab_result, builder_location, measurement_from, preflight
+from bench_core.workflows.distributed.launch import (BACKENDS, Topology, ab_result, builder_location, measurement_from,
+                                                     preflight)
 from bench_core.workflows import measured
 from bench_core.workflows.outcome import Outcome
 from bench_core.workflows.stored_gate import gate
@@ -48,19 +49,23 @@ def run_distributed(session, scenario: Scenario, build: Callable, *, nproc: int 
 def diagnose_distributed(session, scenario: Scenario, build: Callable, *, nproc: int = 2,
                          params: Mapping[str, Any] | None = None, warmup: int | None = None,
                          repeats: int | None = None, **_measured) -> None:
-    """The diagnose pass of a measured distributed scenario: a launch of its own, one trace per rank."""
+    """The diagnose pass of a measured distributed scenario, after its outcome is recorded: a launch of its own,
+    one trace per rank, with the spec it was measured with."""
     from bench_core.workflows.diagnose.passes import profile_distributed
 
     topology = session.config.topology or Topology(nproc)
     w, r = measured.counts(session.config, warmup, repeats)
-    spec = rank_spec(session, scenario.name, build, topology, params, warmup=w, repeats=r, validate=False)
+    spec = rank_spec(session, scenario.name, build, topology, params, checked=False, warmup=w, repeats=r,
+                     validate=False)
     profile_distributed(session, scenario.name, spec, topology)
 
 
-def rank_spec(session, name: str, build: Callable, topology, params: Mapping[str, Any] | None, **mode) -> dict:
+def rank_spec(session, name: str, build: Callable, topology, params: Mapping[str, Any] | None, *,
+              checked: bool = True, **mode) -> dict:
     """What every rank is told: where the builder is, this session's device and settings, and the mode's
-    counts; checked before any process starts (a failure is recorded against `name`)."""
-    backend = preflight(name, topology, session.config.device)
+    counts; the topology checked before any process starts (a ScenarioError of scenario `name`), unless it was
+    already (`checked=False`: the rendezvous port is not probed again after a launch)."""
+    backend = preflight(name, topology, session.config.device) if checked else BACKENDS[session.config.device]
     file, function = builder_location(name, build)
     return {"scenario": name, "builder_file": file, "builder": function,
             # this process's import path: a builder imports what the benchmark file imports
