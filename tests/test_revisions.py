@@ -283,3 +283,31 @@ def test_a_name_that_is_both_a_branch_and_a_tag_is_refused(repo):
     with pytest.raises(RevisionError, match="'x' is ambiguous: a branch and a tag share the name"):
         resolve(repo, "x")
     assert resolve(repo, "refs/heads/x").commit != resolve(repo, "refs/tags/x").commit
+
+
+def test_an_environment_kept_in_the_tree_is_installed_packages_not_the_revisions_code(repo, monkeypatch):
+    """The README's own `.venv` inside the repository: its site-packages is on sys.path and inside the tree, and
+    linked into REV's tree as data; its packages (torch among them) are neither REV's project modules nor files a
+    side loaded from its tree."""
+    from bench_core.workflows.side_by_side.importer import in_environment
+    from bench_core.workflows.side_server import loaded_files
+
+    site = repo / ".venv" / "lib" / "python3.11" / "site-packages"
+    write(repo, {".venv/pyvenv.cfg": "home = /usr/bin\n", ".venv/lib/python3.11/site-packages/somelib/__init__.py":
+                 "X = 1\n"})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "somelib", raising=False)
+    import somelib
+
+    assert in_environment(Path(somelib.__file__).resolve(), repo.resolve())
+    assert not in_environment((repo / "mypkg" / "core.py").resolve(), repo.resolve())
+    loaded = LoadedRevision(repo, "HEAD~1")
+    try:
+        assert (loaded.root / ".venv" / "pyvenv.cfg").exists()      # shared as data, as before
+        assert {"mypkg", "models"} <= loaded.importer.local and "somelib" not in loaded.importer.local
+        assert not [r for r in loaded.importer.search_roots if "site-packages" in str(r)]
+        files = loaded_files([str(repo), str(loaded.root)])
+        assert not [f for f in files if "site-packages" in f]
+    finally:
+        loaded.close()
+        del sys.modules["somelib"]

@@ -370,12 +370,15 @@ def _inside(file: str, roots: tuple[Path, ...]) -> Path | None:
     key = (file, roots)
     if key in _WHERE:
         return _WHERE[key]
+    from bench_core.workflows.side_by_side.importer import in_environment
     from bench_core.workflows.side_by_side.revisions import resolved
 
     path = resolved(file)
     # a module may name a file that is not there (torch's `_classes`, `_ops`: "_classes.py", which a relative path
     # would place in this process's working directory, a side's tree): it was not loaded from that tree
-    found = path if path.is_file() and any(path.is_relative_to(r) for r in roots) else None
+    # and one in an environment kept in a tree (its installed packages, torch among them) is not the tree's code
+    found = path if path.is_file() and any(path.is_relative_to(r) and not in_environment(path, r) for r in roots) \
+        else None
     if os.path.isabs(file):
         _WHERE[key] = found
     return found

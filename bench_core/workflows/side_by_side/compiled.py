@@ -27,6 +27,7 @@ from bench_core.core.errors import BenchError
 from bench_core.files import children, git
 from bench_core.files.atomic import atomic_write, dump_json
 from bench_core.files.storage import read_json
+from bench_core.workflows.side_by_side.importer import in_environment
 
 EXTENSION_SUFFIXES = tuple(sorted(set(importlib.machinery.EXTENSION_SUFFIXES) | {".so", ".pyd"}, key=len,
                                   reverse=True))
@@ -144,20 +145,12 @@ def _listing(root: Path, *args: str) -> list[str]:
     return [p for p in out.stdout.split("\0") if p] if out.returncode == 0 else []
 
 
-def _in_environment(root: Path, rel: str) -> bool:
-    """Inside a Python environment kept in the tree (any name: its pyvenv.cfg or conda-meta says so)."""
-    for parent in Path(rel).parents:
-        if parent != Path(".") and ((root / parent / "pyvenv.cfg").exists() or (root / parent / "conda-meta").exists()):
-            return True
-    return False
-
-
 def built_in(root: Path) -> list[str]:
     """Extension modules in the work tree that git does not track (built there: `pip install -e .`,
     `setup.py build_ext --inplace`), outside build folders and environments."""
     return sorted(rel for rel in _listing(root, "ls-files", "-z", "--others")
                   if is_extension(rel) and _project_file(rel) and (root / rel).is_file()
-                  and not _in_environment(root, rel))
+                  and not in_environment(root / rel, root))
 
 
 @dataclass(frozen=True)

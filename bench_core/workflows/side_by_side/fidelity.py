@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterable
 
 import bench_core
+from bench_core.workflows.side_by_side.importer import in_environment
 from bench_core.workflows.side_by_side.revisions import file_sha256, resolved
 
 # the engine is shared by both sides on purpose (the revision importer never aliases it): not the code compared
@@ -70,7 +71,8 @@ def project_files(start: Iterable[Any], inside: Iterable[Path], by_source: bool 
     todo = [f for f in map(_file_of, start) if f is not None]
     while todo:
         f = todo.pop()
-        if f in seen or not any(f.is_relative_to(r) for r in roots) or f.is_relative_to(ENGINE):
+        if f in seen or not any(f.is_relative_to(r) and not in_environment(f, r) for r in roots) or \
+                f.is_relative_to(ENGINE):
             continue
         seen.add(f)
         mod = by_file.get(f)

@@ -4,9 +4,11 @@ project module resolves to REV's copy, while everything else (torch, numpy, the 
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -148,15 +150,31 @@ class _NamespaceLoader(importlib.abc.Loader):
 
 
 def search_roots(current_root: Path, snapshot_root: Path, sys_path: Iterable[str] | None = None) -> list[Path]:
-    """REV's counterparts of the current process's import roots inside the repository."""
+    """REV's counterparts of the current process's import roots inside the repository; not those of an
+    environment kept in the tree (its site-packages hold installed packages, torch among them, never REV's)."""
     current_root = Path(current_root).resolve()
     roots = [snapshot_root]
     for entry in sys.path if sys_path is None else sys_path:
-        try:
-            rel = Path(entry or ".").resolve().relative_to(current_root)
-        except ValueError:
+        path = Path(entry or ".").resolve()
+        if not path.is_relative_to(current_root) or in_environment(path, current_root):
             continue
-        roots.append(Path(snapshot_root) / rel)
+        roots.append(Path(snapshot_root) / path.relative_to(current_root))
     if (Path(snapshot_root) / "src").is_dir():
         roots.append(Path(snapshot_root) / "src")
     return roots
+
+
+def in_environment(path: Path, root: Path) -> bool:
+    """Whether `path` lies in a Python environment kept inside the tree `root` (a virtual environment or a conda
+    one, of any name: its pyvenv.cfg or conda-meta says so), where installed packages live, not the project's code.
+    Both paths as the caller resolved them."""
+    path, root = Path(path), Path(root)
+    if not path.is_relative_to(root):
+        return False
+    return any(_is_environment(str(root / parent)) for parent in path.relative_to(root).parents
+               if parent != Path("."))
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_environment(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "pyvenv.cfg")) or os.path.isdir(os.path.join(folder, "conda-meta"))
