@@ -230,6 +230,7 @@ class BenchSession(Ledger):
         self.environment = dict(environment)
         self.progress = None                          # a progress.Progress, when someone is watching
         self.family_size: int | None = None           # scenarios in this session, once collection knows
+        self.test_files: tuple[Path, ...] = ()        # the files those scenarios' tests are in
         self.shard: dict | None = None                # which part of which split this session ran (--bench-shard)
         Ledger.__init__(self)
         self.cache_checked = False                    # the cold-cache self-check ran (on the first cold scenario)
@@ -254,10 +255,11 @@ class BenchSession(Ledger):
 
         self.progress = Progress(say)
 
-    def collected(self, scenarios: int) -> None:
+    def collected(self, scenarios: int, files: tuple[Path, ...] = ()) -> None:
         """How many scenarios this session will decide: the family each decision is adjusted for, known
-        before any is taken."""
+        before any is taken; and the test files they are in (where a revision's tests are looked for)."""
         self.family_size = scenarios
+        self.test_files = tuple(files)
 
     def nothing_compared(self) -> bool:
         """A gated session in which no scenario at all was compared: it fails, whatever else it did (every test
@@ -367,7 +369,7 @@ class BenchSession(Ledger):
         new, missed = n[NEW] + len(self.new), len({name for name, _ in self.one_side} - self.new)
         line += f"; {missed} not compared (--bench-strict fails them)" if missed else ""
         gone = len(self.missing_from_run())
-        line += f"; {gone} in the baseline but not run now" if gone else ""
+        line += f"; {gone} in {self.compared_side} but not run now (--bench-strict fails them)" if gone else ""
         line += f"; {new} new (nothing to compare with)" if new else ""
         unmeasured = len(self.unmeasured)
         line += f"; {unmeasured} not measured by bench_core (--bench-strict fails them)" if unmeasured else ""
@@ -395,10 +397,19 @@ class BenchSession(Ledger):
         return f"baseline {self.config.compare!r}" if self.config.compare else None
 
     def missing_from_run(self) -> list[str]:
+        """What the comparisons are against has and this run did not measure: the baseline's scenarios not run
+        now, or the revision's benchmark tests this tree no longer defines (renamed or removed: `file::test`)."""
+        seen = {m.name for m in self.results} | {n for n, _ in self.errors}
+        if self.revision is not None and self.revision.revision.commit:
+            return self.revision.not_here(self.test_files, seen)
         if self.baseline is None or self.config.shard:   # a shard's others are the other shards': the merge checks
             return []
-        seen = {m.name for m in self.results} | {n for n, _ in self.errors}
         return [n for n in self.baseline if n not in seen]
+
+    @property
+    def compared_side(self) -> str:
+        """Where missing scenarios were looked for, in words: "the baseline", or the revision's label."""
+        return f"{self.revision.revision.label}" if self.revision is not None else "the baseline"
 
     def shown(self, text: str) -> str:
         return summary.shown(self, text)

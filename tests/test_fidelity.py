@@ -146,6 +146,33 @@ def test_what_was_not_compared_is_counted_and_strict_fails_it_but_not_a_new_scen
                               "broken in the old revision*(--bench-strict)*"])
 
 
+def test_a_revisions_test_this_tree_no_longer_has_is_named_and_strict_fails_the_session(pytester):
+    """beta renamed with its scenario (as a pytest-benchmark test's name is its scenario's): the new one is new, and
+    the revision's test_beta, which nothing here compared, is named; --bench-strict fails the session for it. A
+    rename that keeps the literal scenario name is compared, and nothing is missing."""
+    from test_plugin import AGAINST_V1
+
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_sides=AGAINST_V1)
+    commit_all(pytester.path)
+    args = ["--bench-against", "HEAD", "--bench-rounds", "5", "--bench-pairs", "3", "--bench-no-out", "-k",
+            "alpha or beta"]
+    pytester.makepyfile(test_sides=AGAINST_V1.replace("def test_beta(", "def test_beta_renamed(").replace(
+        'Scenario("beta"', 'Scenario("beta2"'))
+    res = pytester.runpytest(*args)
+    res.assert_outcomes(passed=2)
+    assert res.ret == 0
+    out = " ".join(res.stdout.str().split())
+    assert "in HEAD but not run now: test_sides.py::test_beta" in out and "1 new (nothing to compare with)" in out
+    assert "1 in HEAD but not run now (--bench-strict fails them)" in out
+    res = pytester.runpytest(*args, "--bench-strict")
+    assert res.ret == 1
+    res.stdout.fnmatch_lines(["*--bench-strict: 1 scenario(s) of HEAD were not run now (test_sides.py::test_beta)*"])
+    pytester.makepyfile(test_sides=AGAINST_V1.replace("def test_beta(", "def test_beta_renamed("))
+    res = pytester.runpytest(*args, "--bench-strict")
+    assert res.ret == 0 and "not run now" not in res.stdout.str()
+
+
 def test_a_gate_that_compared_nothing_fails_the_session(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_other="def test_nothing():\n    pass\n")

@@ -96,7 +96,7 @@ def comparison_lines(s) -> list[str]:
     lines = []
     missing = s.missing_from_run()
     if missing:
-        lines.append(f"in the baseline but not run now: {', '.join(missing)}")
+        lines.append(f"in {s.compared_side} but not run now: {', '.join(missing)}")
     if s.revision is not None:
         commit = s.revision.revision.commit
         python = s.config.against.python

@@ -203,8 +203,9 @@ def pytest_collection_finish(session):
     bench = _session(session.config)
     if bench is not None:  # the family each decision is adjusted for, before any is taken (after -k, -m)
         measuring = ("bench", "benchmark") if bench.config.pb_fixture == "adopt" else ("bench",)
-        bench.collected(sum(1 for i in session.items if set(measuring) & set(getattr(i, "fixturenames", ()))
-                            and not i.get_closest_marker("skip")))
+        items = [i for i in session.items if set(measuring) & set(getattr(i, "fixturenames", ()))]
+        bench.collected(sum(1 for i in items if not i.get_closest_marker("skip")),
+                        tuple(dict.fromkeys(Path(str(i.path)) for i in items)))
 
 
 def pytest_unconfigure(config):
@@ -269,9 +270,14 @@ def pytest_sessionfinish(session, exitstatus):
         wrong.append(f"--bench-strict: {len(bench.unmeasured)} test(s) timed something bench_core did not measure "
                      f"({', '.join(t for t, _ in bench.unmeasured)})")
     missing = bench.missing_from_run()
-    if missing and bench.config.strict and not session.config.stash.get(_DESELECTED, False):
-        wrong.append(f"--bench-strict: {len(missing)} scenario(s) of the baseline were not run now "
-                     f"({', '.join(missing)}); select on purpose with -k or -m, or record a new baseline")
+    # a revision's test this tree no longer defines was not left out by -k or -m: it is not here to select
+    if missing and bench.config.strict and (bench.revision is not None
+                                            or not session.config.stash.get(_DESELECTED, False)):
+        fix = ("renamed or removed here: a bench test renamed is compared again when both sides declare the same "
+               "literal Scenario(\"NAME\")" if bench.revision is not None else
+               "select on purpose with -k or -m, or record a new baseline")
+        wrong.append(f"--bench-strict: {len(missing)} scenario(s) of {bench.compared_side} were not run now "
+                     f"({', '.join(missing)}); {fix}")
     session.config.stash[_STORED] = (lines, failures, wrong)
     if (failures or wrong) and exitstatus == 0:  # losing results silently is worse than a red run
         session.exitstatus = 1

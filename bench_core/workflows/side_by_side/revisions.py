@@ -222,6 +222,21 @@ def scenario_index(tree: Path) -> dict[str, list[tuple[Path, str]]]:
     return found
 
 
+def test_functions(path: Path, measuring_only: bool = False) -> list[tuple[str, str]]:
+    """The test functions a test file defines, module-level and in its test classes: (name as pytest shows it,
+    `Class::method` in a class; the function's own name). `measuring_only`: those that take the `bench` or
+    `benchmark` fixture. A file that does not parse defines none."""
+    try:
+        module = ast.parse(Path(path).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    found = [(prefix + fn.name, fn) for prefix, body in [("", module.body)] + [
+        (f"{c.name}::", c.body) for c in module.body if isinstance(c, ast.ClassDef) and c.name.startswith("Test")]
+        for fn in body if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name.startswith("test")]
+    return [(name, fn.name) for name, fn in found
+            if not measuring_only or {"bench", "benchmark"} & {a.arg for a in fn.args.args}]
+
+
 _RESOLVED: dict[str, Path] = {}
 
 
@@ -327,12 +342,31 @@ class LoadedRevision:
                 for text in [path.read_text(errors="replace")] for marker in OPERATOR_MARKERS)]
         return self._operator_code
 
+    def not_here(self, current_files: Iterable[Path], ran: set[str]) -> list[str]:
+        """REV's benchmark tests (tests that take `bench` or `benchmark`) in the counterparts of `current_files`
+        that this tree's files no longer define (renamed or removed since), less those found again by a scenario
+        name they declare that ran now: each as `file::test`."""
+        declared = {(path, fn): name for name, places in self._index().items() for path, fn in places}
+        out = []
+        for mine in sorted({Path(f).resolve() for f in current_files}):
+            theirs = self.counterpart(mine) if mine.is_relative_to(self.current_root) else None
+            if theirs is None or not theirs.exists() or theirs in self.borrowed:
+                continue
+            here = {name for name, _ in test_functions(mine)}
+            out += [f"{mine.relative_to(self.current_root)}::{name}"
+                    for name, fn in test_functions(theirs, measuring_only=True)
+                    if name not in here and declared.get((theirs, fn)) not in ran]
+        return out
+
+    def _index(self) -> dict[str, list[tuple[Path, str]]]:
+        if self._declared is None:
+            self._declared = scenario_index(self.root)
+        return self._declared
+
     def declaring(self, scenario: str) -> list[tuple[Path, str]]:
         """The revision's test functions that declare scenario `scenario` by name (`Scenario("NAME", ...)`, a
         literal name): how a test that was renamed or moved is found again. (file, function) pairs."""
-        if self._declared is None:
-            self._declared = scenario_index(self.root)
-        return self._declared.get(scenario, [])
+        return self._index().get(scenario, [])
 
     def proof(self, current_file: Path, current_fn: Any, their_fn: Any) -> dict:
         """Which code each side ran: the test files with their sha256, the functions, and for the revision
