@@ -69,8 +69,9 @@ def explained(base: Sequence[Pass], cand: Sequence[Pass], step_ms: float | None,
         elif len(calls_b) == len(calls_c) == 1 and calls_b != calls_c:
             # a count is a fact where every pass of a side agrees on it: no interval needed to say it changed
             (cb,), (cc,) = calls_b, calls_c
+            # its time is not established, so no figure of it is shown: one can read larger than the step itself
             counted.append((abs(cc - cb), f"{op} calls {cb} -> {cc} per step (counted alike in every pass; its "
-                                          f"time, {d:+.3g} ms per step, not established)"))
+                                          f"time not established)"))
     rows.sort(reverse=True)
     counted.sort(key=lambda row: (-row[0], row[1]))
     named, facts = rows[:TOP], [text for _, text in counted[:TOP]]
