@@ -67,7 +67,7 @@ storage.write_session(out, results, {**fingerprint("cpu"), "malloc": malloc})
 """
 
 
-def run_processes(n: int, slowdown: float, folder: Path, malloc: str = "pinned") -> None:
+def run_processes(n: int, slowdown: float, folder: Path, malloc: str = "as-is") -> None:
     for i in range(n):
         for label, factor in (("A", 1.0), ("B", 1.0 + slowdown)):  # alternate so both see the same machine
             sub = folder / f"{label}{i:02d}"
@@ -141,8 +141,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slowdown", type=float, default=0.10)
     ap.add_argument("--trials", type=int, default=200, help="random draws of baseline and candidates per rate")
     ap.add_argument("--from-dir", default=None, help="reuse the runs of an earlier invocation")
-    ap.add_argument("--malloc", default="pinned", choices=("pinned", "as-is"),
-                    help="glibc malloc's thresholds in each process, as --bench-malloc (pinned: the suite's default)")
+    ap.add_argument("--malloc", default="as-is", choices=("pinned", "as-is"),
+                    help="glibc malloc's thresholds in each process, as --bench-malloc (as-is: the suite's default)")
     ns = ap.parse_args(argv)
 
     import numpy as np
