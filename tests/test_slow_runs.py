@@ -151,3 +151,20 @@ def test_a_baseline_too_short_for_a_machine_with_slow_processes_is_named():
     assert "show slow processes" in note and "record 10 runs" in note and "with 5 baseline runs" in note
     ten = days + [f"2026-12-1{d}T10:00:00+00:00" for d in range(5)]
     assert baseline_warnings("main", ten, prior=fit_slow_runs(history(1))) == []
+
+
+def test_two_large_level_grids_convolve_by_fft_as_they_do_directly():
+    """Runs far apart make level grids of tens of thousands of points, whose direct convolution took most of a
+    second per decision; past `DIRECT_MAX` it is an FFT's, which must agree with the direct one to round-off and
+    never hold a negative probability."""
+    from bench_core.deciding.slow_runs import DIRECT_MAX, _convolved
+
+    rng = np.random.default_rng(5)
+    grid = np.linspace(-8, 8, 3000)
+    a = np.exp(-0.5 * (grid - 1.0) ** 2) * (1 + 0.1 * rng.random(grid.size))
+    b = np.exp(-0.5 * ((grid[:2500] + 2.0) / 0.3) ** 2)
+    assert a.size * b.size > DIRECT_MAX
+    fft, direct = _convolved(a, b), np.convolve(a, b)
+    assert fft.shape == direct.shape and fft.min() >= 0.0
+    assert np.max(np.abs(fft - direct)) < 1e-12 * direct.max()
+    assert np.array_equal(_convolved(a[:100], b[:100]), np.convolve(a[:100], b[:100]))   # small: exact
