@@ -209,9 +209,8 @@ def scenario_index(tree: Path) -> dict[str, list[tuple[Path, str]]]:
         files += [Path(folder) / n for n in sorted(names) if n.endswith(".py") and (
             n.startswith("test_") or n.endswith("_test.py")) and not (Path(folder) / n).is_symlink()]
     for path in files:
-        try:
-            module = ast.parse(path.read_text(errors="replace"))
-        except (SyntaxError, ValueError):
+        module = _parsed(path)
+        if module is None:
             continue
         for fn in (n for n in module.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")):
             for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
@@ -222,19 +221,25 @@ def scenario_index(tree: Path) -> dict[str, list[tuple[Path, str]]]:
     return found
 
 
-def test_functions(path: Path, measuring_only: bool = False) -> list[tuple[str, str]]:
-    """The test functions a test file defines, module-level and in its test classes: (name as pytest shows it,
-    `Class::method` in a class; the function's own name). `measuring_only`: those that take the `bench` or
-    `benchmark` fixture. A file that does not parse defines none."""
-    try:
-        module = ast.parse(Path(path).read_text(errors="replace"))
-    except (OSError, SyntaxError, ValueError):
+def test_functions(path: Path, measuring_only: bool = False) -> list[str]:
+    """The test functions a test file defines, module-level and in its test classes, named as pytest shows them
+    (`Class::method` in a class). `measuring_only`: those that take the `bench` or `benchmark` fixture. A file that
+    does not parse defines none."""
+    module = _parsed(path)
+    if module is None:
         return []
     found = [(prefix + fn.name, fn) for prefix, body in [("", module.body)] + [
         (f"{c.name}::", c.body) for c in module.body if isinstance(c, ast.ClassDef) and c.name.startswith("Test")]
         for fn in body if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name.startswith("test")]
-    return [(name, fn.name) for name, fn in found
-            if not measuring_only or {"bench", "benchmark"} & {a.arg for a in fn.args.args}]
+    return [name for name, fn in found if not measuring_only or {"bench", "benchmark"} & {a.arg for a in fn.args.args}]
+
+
+def _parsed(path: Path) -> ast.Module | None:
+    """A test file's syntax tree; None where it cannot be read or does not parse (it declares nothing then)."""
+    try:
+        return ast.parse(Path(path).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
 
 
 _RESOLVED: dict[str, Path] = {}
@@ -352,10 +357,10 @@ class LoadedRevision:
             theirs = self.counterpart(mine) if mine.is_relative_to(self.current_root) else None
             if theirs is None or not theirs.exists() or theirs in self.borrowed:
                 continue
-            here = {name for name, _ in test_functions(mine)}
-            out += [f"{mine.relative_to(self.current_root)}::{name}"
-                    for name, fn in test_functions(theirs, measuring_only=True)
-                    if name not in here and declared.get((theirs, fn)) not in ran]
+            here = set(test_functions(mine))
+            # (a scenario name is declared by a module-level function: a method's `Class::name` is never one)
+            out += [f"{mine.relative_to(self.current_root)}::{name}" for name in test_functions(theirs, True)
+                    if name not in here and declared.get((theirs, name)) not in ran]
         return out
 
     def _index(self) -> dict[str, list[tuple[Path, str]]]:
