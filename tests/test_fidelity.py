@@ -173,6 +173,27 @@ def test_a_revisions_test_this_tree_no_longer_has_is_named_and_strict_fails_the_
     assert res.ret == 0 and "not run now" not in res.stdout.str()
 
 
+def test_a_test_the_revision_lacks_is_new_in_process_mode_too(pytester):
+    """In process mode (here asked for; compiled code sends every scenario there) a test this tree added was sent to
+    the revision's server, which had no such item, and read "not compared: HEAD failed: ... 0 test items here
+    match"; it is new, as in one process, found before any server is asked."""
+    from test_plugin import AGAINST_V1
+
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_sides=AGAINST_V1)
+    commit_all(pytester.path)
+    pytester.makepyfile(test_sides=AGAINST_V1 + '''
+def test_added(bench):
+    bench.run(Scenario("added", ("forward",)), work_on_shared_clock(1.0), clock=SHARED_CLOCK)
+''')
+    res = pytester.runpytest("--bench-against", "HEAD", "--bench-against-processes", "--bench-quick",
+                             "--bench-malloc", "pinned", "--bench-no-out", "--bench-strict", "-k", "added")
+    res.assert_outcomes(passed=1)   # new: never failed, not even under --bench-strict
+    out = " ".join(res.stdout.str().split())
+    assert "added: measured on the current tree only: test_added does not exist in HEAD" in out
+    assert "1 new (nothing to compare with)" in out and "not compared" not in out
+
+
 def test_a_gate_that_compared_nothing_fails_the_session(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_other="def test_nothing():\n    pass\n")

@@ -16,6 +16,7 @@ from bench_core.core.scenario import thaw
 from bench_core.shells import options as opt
 from bench_core.workflows import measured
 from bench_core.workflows.replicas import Replica
+from bench_core.workflows.side_by_side.revisions import defines
 from bench_core.workflows.side_by_side.capture import capture, instance_from
 
 
@@ -134,6 +135,9 @@ def counterpart_test(loaded, request, name):
         path = loaded.borrow_test(request.path) or path
     if not path.exists():
         return None, None, f"{path.relative_to(loaded.root)} does not exist in {label}"
+    cls = request.cls.__name__ if request.cls is not None and not declared else None
+    if not defines(path, function, cls):   # known before any side's process is asked for it
+        return None, None, f"{cls + '.' if cls else ''}{function} does not exist in {label}"
     return path, function, None
 
 

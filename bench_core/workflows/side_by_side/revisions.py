@@ -234,6 +234,17 @@ def test_functions(path: Path, measuring_only: bool = False) -> list[str]:
     return [name for name, fn in found if not measuring_only or {"bench", "benchmark"} & {a.arg for a in fn.args.args}]
 
 
+def defines(path: Path, function: str, cls: str | None = None) -> bool:
+    """Whether the file at `path` defines `function` at module level (or, with `cls`, in that class), whatever
+    pytest's naming rules; a file that does not parse is given the benefit of the doubt (loading it will tell)."""
+    module = _parsed(path)
+    if module is None:
+        return True
+    body = module.body if cls is None else next(
+        (c.body for c in module.body if isinstance(c, ast.ClassDef) and c.name == cls), [])
+    return any(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == function for f in body)
+
+
 def _parsed(path: Path) -> ast.Module | None:
     """A test file's syntax tree; None where it cannot be read or does not parse (it declares nothing then)."""
     try:
