@@ -274,7 +274,8 @@ def pytest_sessionfinish(session, exitstatus):
     if missing and bench.config.strict and (bench.revision is not None
                                             or not session.config.stash.get(_DESELECTED, False)):
         fix = ("renamed or removed here: a bench test renamed is compared again when both sides declare the same "
-               "literal Scenario(\"NAME\")" if bench.revision is not None else
+               "literal Scenario(\"NAME\"); a pytest-benchmark test is named by its test, so a rename starts a new "
+               "scenario, compared once the revision has it" if bench.revision is not None else
                "select on purpose with -k or -m, or record a new baseline")
         wrong.append(f"--bench-strict: {len(missing)} scenario(s) of {bench.compared_side} were not run now "
                      f"({', '.join(missing)}); {fix}")
