@@ -53,6 +53,22 @@ def test_one_level_or_levels_too_close_to_tell_apart_stay_one_level():
     assert one is not None and one.slow is None                        # the gate keeps its one-level prior
 
 
+def test_levels_in_one_scenario_only_are_its_own_not_a_machines_slow_processes():
+    """A memory-bound chain whose processes sit at several levels (glibc left alone), beside tight scenarios: the
+    fit's slow runs all belong to it. Lent to the machine, its excess made a mid-level run read as a fast level 13%
+    below the baseline's (a false "faster" of identical code, docs/gate.md)."""
+    rng = np.random.default_rng(5)
+    tight = [math.log(10.0 + s) + rng.normal(0.0, 0.003, 5) for s in range(3)]
+    levels = math.log(3.0) + rng.normal(0.0, 0.03, 5) + np.array([0.0, 0.0, 1.1, 1.15, 1.2])
+    assert fit_slow_runs(tight + [levels]) is None
+    one = prior_from_logs(tight + [levels])
+    assert one is not None and one.slow is None
+    # the same levels in two scenarios are a machine's slow processes
+    again = math.log(7.0) + rng.normal(0.0, 0.03, 5) + np.array([1.1, 0.0, 0.0, 1.15, 0.0])
+    two = fit_slow_runs(tight[:2] + [levels, again])
+    assert two is not None and two.slow is not None
+
+
 def test_slow_runs_refuses_a_majority_or_a_negative_excess():
     with pytest.raises(ValueError, match="minority"):
         SlowRuns(0.6, EXCESS, 10, 3)

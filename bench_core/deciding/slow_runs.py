@@ -10,9 +10,9 @@ shows the two levels clearly apart, this model keeps them apart instead:
 
 `fit_slow_runs` fits share and excess from every scenario of a baseline's history (each scenario its
 own level) by expectation-maximization, and says None unless the two levels are clearly there: a fit
-that beats one level by a wide likelihood margin, a minority of slow runs, and an excess at least
+that beats one level by a wide likelihood margin, a minority of slow runs, an excess at least
 `SEPARATION` spreads wide (below that, a run cannot be told slow from a change, and the normal model
-is the honest one). The spread prior is then fitted from the runs judged fast only.
+is the honest one), and slow runs in more than one scenario (a machine's, not one scenario's own levels). The spread prior is then fitted from the runs judged fast only.
 
 `level_posterior` is one side's fast level given its runs: a flat prior on the level and the spread
 from the machine's prior. Were share, excess and spread known, the flat-prior posterior of a location
@@ -132,8 +132,13 @@ def fit_slow_runs(history: Sequence[Sequence[float]]) -> VariancePrior | None:
     if (fit is None or fit.gain < MIN_LIKELIHOOD_GAIN or fit.excess < SEPARATION * fit.spread
             or fit.share * n < 3 or not 0.01 < fit.share < MAX_SHARE):
         return None
-    # The spread prior from the runs judged fast, each scenario's own variance (limma, as for one level)
     chance = np.split(fit.slow_chance, np.cumsum([x.size for x in xs])[:-1])
+    # Slow runs in one scenario only are that scenario's own levels (a chain of allocations whose processes sit
+    # at several levels), not a machine's slow processes: its excess would be lent to every other scenario, and
+    # a scenario with more than two levels read as two (docs/gate.md, "At the default malloc")
+    if sum(bool(np.any(r >= 0.5)) for r in chance) < 2:
+        return None
+    # The spread prior from the runs judged fast, each scenario's own variance (limma, as for one level)
     fast_sets = [x[r < 0.5] for x, r in zip(xs, chance)]
     pairs = [(float(np.var(v, ddof=1)), v.size - 1) for v in fast_sets if v.size >= 2]
     prior = fit_variance_prior([v for v, _ in pairs], [d for _, d in pairs])
