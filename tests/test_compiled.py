@@ -303,6 +303,34 @@ def test_a_source_edited_after_the_last_build_or_a_tree_never_built_is_refused_b
     res.stderr.fnmatch_lines(["*this tree has compiled sources (fastpkg/_fast.c) but no extension module built*"])
 
 
+def test_a_source_rewritten_with_the_content_it_was_built_from_is_not_stale(repo):
+    """`git checkout other && git checkout -` rewrites a source with its old content, dated after the build: a
+    sceptic's run stopped so, asking for a rebuild of what was built. A source seen older than the modules is
+    recorded; the same content newer is not stale, other content is, and so is any source once the module changes."""
+    import os
+
+    so = next(repo.path.glob("fastpkg/_fast*.so"))
+    source = repo.path / "fastpkg" / "_fast.c"
+    args = ("--bench-against", "HEAD", "--bench-quick", "--bench-no-out", "--bench-build", BUILD)
+    assert repo.runpytest(*args).ret == 0          # every source older than the module: recorded
+    record = repo.path / ".bench" / "builds" / "fresh-sources.json"
+    assert json.loads(record.read_text())["sources"]["fastpkg/_fast.c"]
+    later = so.stat().st_mtime + 10
+    source.write_text(source.read_text())          # as a checkout leaves it: the same bytes, dated now
+    os.utime(source, (later, later))
+    res = repo.runpytest(*args)
+    assert res.ret == 0, res.stderr.str()
+    source.write_text(SOURCE.format(cost=4.0))      # other content, dated after the build
+    os.utime(source, (later, later))
+    res = repo.runpytest(*args)
+    assert res.ret != 0
+    res.stderr.fnmatch_lines(["*this tree's built fastpkg/_fast*.so is older than its source fastpkg/_fast.c*"])
+    source.write_text(SOURCE.format(cost=2.0))      # the old content back, but the module is not the one recorded
+    os.utime(source, (later, later))
+    os.utime(so, (so.stat().st_mtime - 1, so.stat().st_mtime - 1))
+    assert repo.runpytest(*args).ret != 0
+
+
 def test_an_environment_kept_in_the_tree_is_not_the_projects_compiled_code_and_a_copy_is_dated_now(tmp_path):
     """A virtual environment or conda prefix inside the repository (any name) holds extension modules that are not
     the project's; and a built module copied from the cache into a fresh tree must not read as older than that

@@ -257,19 +257,46 @@ def prepare(code: CompiledCode, current_root: Path, rev_root: Path, label: str, 
                    cache=str(cache))
 
 
-def _stale(code: CompiledCode, root: Path) -> list[str]:
-    """This tree's compiled sources edited after its newest built module: the current side would run a build of
-    other sources than its own."""
+FRESH = "fresh-sources.json"   # in the build cache: the work tree's built modules and its sources' contents as last
+                               # seen with every source older than the newest module
+
+
+def _stale(code: CompiledCode, root: Path, cache: Path | None = None) -> list[str]:
+    """This tree's compiled sources changed after its newest built module: the current side would run a build of
+    other sources than its own. A source dated after the build but holding what it held when this run's modules
+    were last seen fresh (a `git checkout` of another branch and back rewrites a file with its old content) is not
+    stale: `cache` keeps that record, written whenever every source is older than the modules."""
     try:   # the newest: a build skips extensions whose sources did not change, keeping their older files
-        built = max((root / rel).stat().st_mtime for rel in code.built)
-    except (OSError, ValueError):
+        stamps = [(rel, (root / rel).stat()) for rel in code.built]
+    except OSError:
         return []
-    return [rel for rel in code.sources if (root / rel).is_file() and (root / rel).stat().st_mtime > built]
+    if not stamps:
+        return []
+    built = max(st.st_mtime for _, st in stamps)
+    newer = [rel for rel in code.sources if (root / rel).is_file() and (root / rel).stat().st_mtime > built]
+    if cache is None:
+        return newer
+    record = cache / FRESH
+    modules = [[rel, st.st_size, st.st_mtime_ns] for rel, st in stamps]   # a rebuild changes these: a new record
+    if not newer:
+        cache.mkdir(parents=True, exist_ok=True)
+        atomic_write(record, dump_json({"tree": str(root.resolve()), "modules": modules,
+                                        "sources": {rel: _digest(root / rel) for rel in code.sources}}),
+                     overwrite=True)
+        return []
+    try:
+        doc = read_json(record)
+    except (OSError, ValueError, BenchError):   # none yet, or unreadable: the dates decide
+        return newer
+    if doc.get("tree") != str(root.resolve()) or doc.get("modules") != modules:
+        return newer
+    seen = doc.get("sources") or {}
+    return [rel for rel in newer if rel not in seen or _digest(root / rel) != seen[rel]]
 
 
 def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str, commit: str, build: str | None,
               cache: Path, where: str = ".", python: Interpreter | None = None, tree: str | None = None) -> Prepared:
-    stale = _stale(code, current_root)
+    stale = _stale(code, current_root, cache)
     if stale:
         raise CompiledError(f"this tree's built {_shown(code.built)} is older than its source {_shown(stale)}, "
                             f"changed since the last build (edited, or checked out by git): the current side would run "
