@@ -882,6 +882,8 @@ def test_an_undecided_comparison_says_whether_its_rounds_ran_out_or_the_keep_goi
     stopped, ran_out = judge(rounds(24), "host"), judge(rounds(36), "host")
     assert stopped.verdict == ran_out.verdict == INCONCLUSIVE
     assert "stopped after 24 of up to 36 rounds" in stopped.reason and "--bench-rounds, now 12" in stopped.reason
+    # what stopped it is said as what it is (a wide interval had read "a change beyond 1.0% no longer looked likely")
+    assert "did not point to a change beyond 1.0% clearly enough to chase (one-sided p >= 0.2)" in stopped.reason
     assert "--bench-max-rounds" not in stopped.reason
     assert "more rounds would narrow it (--bench-max-rounds, now 36)" in ran_out.reason
 

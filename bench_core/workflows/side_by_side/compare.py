@@ -390,9 +390,10 @@ class Judge:
         est = estimate_rounds(self.scenario.name, res, self.threshold, timer=timer, differences=diffs, looks=self.looks)
         ran = len(res.baseline)
         if self.looks and ran < self.looks[-1]:   # the keep-going rule stopped it: more of the same would not help
-            said = (f"it stopped after {ran} of up to {self.looks[-1]} rounds, where a change beyond "
-                    f"{self.threshold / 2:.1%} no longer looked likely; more rounds at each look (--bench-rounds, now "
-                    f"{self.looks[0]}) or a quieter runner would narrow it")
+            said = (f"it stopped after {ran} of up to {self.looks[-1]} rounds, where its rounds did not point to a "
+                    f"change beyond {self.threshold / 2:.1%} clearly enough to chase (one-sided p >= "
+                    f"{self.gate.chase_p:g}); more rounds at each look (--bench-rounds, now {self.looks[0]}) or a "
+                    f"quieter runner would narrow it")
         else:
             budget = f"--bench-max-rounds, now {self.looks[-1]}" if self.looks else "--bench-rounds"
             said = f"more rounds would narrow it ({budget}), or a quieter runner"
