@@ -12,7 +12,8 @@ shows the two levels clearly apart, this model keeps them apart instead:
 own level) by expectation-maximization, and says None unless the two levels are clearly there: a fit
 that beats one level by a wide likelihood margin, a minority of slow runs, an excess at least
 `SEPARATION` spreads wide (below that, a run cannot be told slow from a change, and the normal model
-is the honest one), and slow runs in more than one scenario (a machine's, not one scenario's own levels). The spread prior is then fitted from the runs judged fast only.
+is the honest one), and slow runs in more than one scenario (a machine's, not one scenario's own levels).
+The spread prior is then fitted from the runs judged fast only.
 
 `level_posterior` is one side's fast level given its runs: a flat prior on the level and the spread
 from the machine's prior. Were share, excess and spread known, the flat-prior posterior of a location

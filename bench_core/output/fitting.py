@@ -61,7 +61,8 @@ def fit(headers: Sequence[str], rows: Sequence[Sequence], *, wide: bool = False,
         limits.update({h: level for h, c in cols.items() if c > level})
         text = render()
     foot = ([f"every row: {', '.join(said)}"] if said else []) + (
-        [f"left out to fit {width} columns: {', '.join(left_out)} (--bench-wide shows them; bench-core: --wide)"] if left_out else [])
+        [f"left out to fit {width} columns: {', '.join(left_out)} (--bench-wide shows them; bench-core: --wide)"]
+        if left_out else [])
     return text + "".join(f"\n{wrap(line, width)}" for line in foot)   # width may differ from WIDTH
 
 

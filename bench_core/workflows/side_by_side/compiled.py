@@ -162,6 +162,7 @@ class CompiledCode:
     sources: tuple[str, ...]
     differ: tuple[str, ...]
     digests: tuple[str, str] = ("", "")   # of each tree's compiled sources (current, revision), as listed
+    here: tuple[tuple[str, str | None], ...] = ()   # each compiled source of the work tree and its digest, as read
 
     @property
     def present(self) -> bool:
@@ -183,15 +184,16 @@ def survey(current_root: Path, rev_root: Path, commit: str) -> CompiledCode:
     of_sources = tuple(hashlib.sha256(json.dumps([(rel, digests[rel][side]) for rel in sources]).encode())
                        .hexdigest()[:16] for side in (0, 1))
     return CompiledCode(tuple(built), tuple(sources), tuple(differ + _submodules_moved(current_root, commit)),
-                        of_sources)
+                        of_sources, tuple((rel, digests[rel][0]) for rel in sources))
 
 
 def survey_tree(root: Path) -> CompiledCode:
     """The compiled code of the work tree at `root` alone: its side in another interpreter runs the same sources."""
     here = _listing(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
     sources = sorted(rel for rel in here if _source(rel))
-    digest = hashlib.sha256(json.dumps([(rel, _digest(root / rel)) for rel in sources]).encode()).hexdigest()[:16]
-    return CompiledCode(tuple(built_in(root)), tuple(sources), (), (digest, digest))
+    each = [(rel, _digest(root / rel)) for rel in sources]
+    digest = hashlib.sha256(json.dumps(each).encode()).hexdigest()[:16]
+    return CompiledCode(tuple(built_in(root)), tuple(sources), (), (digest, digest), tuple(each))
 
 
 def _submodules_moved(root: Path, commit: str) -> list[str]:
@@ -265,7 +267,8 @@ def _stale(code: CompiledCode, root: Path, cache: Path | None = None) -> list[st
     """This tree's compiled sources changed after its newest built module: the current side would run a build of
     other sources than its own. A source dated after the build but holding what it held when this run's modules
     were last seen fresh (a `git checkout` of another branch and back rewrites a file with its old content) is not
-    stale: `cache` keeps that record, written whenever every source is older than the modules."""
+    stale: `cache` keeps that record (the survey's digests, `code.here`), written whenever every source is older
+    than the modules."""
     try:   # the newest: a build skips extensions whose sources did not change, keeping their older files
         stamps = [(rel, (root / rel).stat()) for rel in code.built]
     except OSError:
@@ -280,8 +283,7 @@ def _stale(code: CompiledCode, root: Path, cache: Path | None = None) -> list[st
     modules = [[rel, st.st_size, st.st_mtime_ns] for rel, st in stamps]   # a rebuild changes these: a new record
     if not newer:
         cache.mkdir(parents=True, exist_ok=True)
-        atomic_write(record, dump_json({"tree": str(root.resolve()), "modules": modules,
-                                        "sources": {rel: _digest(root / rel) for rel in code.sources}}),
+        atomic_write(record, dump_json({"tree": str(root.resolve()), "modules": modules, "sources": dict(code.here)}),
                      overwrite=True)
         return []
     try:
@@ -290,8 +292,8 @@ def _stale(code: CompiledCode, root: Path, cache: Path | None = None) -> list[st
         return newer
     if doc.get("tree") != str(root.resolve()) or doc.get("modules") != modules:
         return newer
-    seen = doc.get("sources") or {}
-    return [rel for rel in newer if rel not in seen or _digest(root / rel) != seen[rel]]
+    seen, now = doc.get("sources") or {}, dict(code.here)
+    return [rel for rel in newer if rel not in seen or now.get(rel) != seen[rel]]
 
 
 def _prepared(code: CompiledCode, current_root: Path, rev_root: Path, label: str, commit: str, build: str | None,
