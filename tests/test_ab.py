@@ -263,6 +263,24 @@ def test_ab_tables_have_their_headers_over_their_columns_and_say_which_way_speed
         assert "speedup: baseline time / candidate time (>1 = candidate faster)" in text
 
 
+def test_the_decisions_table_says_why_a_row_is_inconclusive_beside_an_interval_that_excludes_one():
+    """#48: the A/B summary showed "inconclusive" beside 1.030 [1.004, 1.060] with no reason; the reason reached only
+    the result's own table."""
+    from bench_core.deciding.paired import speed_verdict
+    from bench_core.output.comparison_tables import decisions_table
+    from bench_core.workflows.ab import ABResult
+
+    d = speed_verdict(1.03, 1.004, 1.060, 0.002, 0.01, 0.01)
+    r = ABResult(d.verdict, d.reason, d.speedup, d.ci_low, d.ci_high, d.p_value, (1.0,) * 8, (0.97,) * 8)
+    same = speed_verdict(1.0, 0.995, 1.005, 0.5, 0.01, 0.01)
+    u = ABResult(same.verdict, same.reason, same.speedup, same.ci_low, same.ci_high, same.p_value, (1.0,) * 8,
+                 (1.0,) * 8)
+    text = " ".join(decisions_table([("pace", r), ("still", u)]).split())
+    assert r.verdict == INCONCLUSIVE and u.verdict == UNCHANGED
+    assert f"pace: inconclusive: {' '.join(d.reason.split())}" in text
+    assert "beyond 1%" in text and "still: unchanged" not in text
+
+
 def test_a_speedup_without_an_interval_is_shown_as_not_observed():
     from bench_core.workflows.ab import ABResult
 

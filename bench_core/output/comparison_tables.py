@@ -90,9 +90,12 @@ def decisions_table(decisions, fmt: str = "simple", wide: bool = False) -> str:
 
     levels = {1.0 - float((r.params or {}).get("alpha", 0.01)) for _, r in decisions}
     interval = f"speedup [{levels.pop():.0%} CI]" if len(levels) == 1 else "speedup [CI at 1 - alpha]"
+    # as the comparison table does: a verdict other than "unchanged" says why beside its row, so that an
+    # "inconclusive" next to an interval that excludes 1.0 is not left to be guessed at
+    why = [f"{name}: {r.verdict}: {r.reason}" for name, r in decisions if r.verdict != "unchanged" and r.reason]
     return fit(["comparison", "baseline ms", "candidate ms", interval, "p", "pairs", "correct", "verdict"],
                rows, wide=wide, fmt=fmt, foldable=("pairs", "correct"), droppable=("p", "baseline ms", "candidate ms")
-               ) + below([SPEEDUP_MEANS, *(line for name, r in decisions for line in work_lines(name, r))], wide)
+               ) + below([SPEEDUP_MEANS, *why, *(line for name, r in decisions for line in work_lines(name, r))], wide)
 
 
 def work_lines(name: str, r) -> list[str]:
